@@ -1,0 +1,233 @@
+"""``leafpool``: schema, tags, status and an in-process refill, from the command line.
+
+Settings come from the environment (see README). Bad input prints one line naming the
+field and the value and exits 2; an unavailable backend exits 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from functools import wraps
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from leafpool.config import get_settings
+from leafpool.errors import InvalidInput, LeafpoolError, TagExists, UnknownTag
+from leafpool.runtime import Runtime
+from leafpool.status import age, pool_status
+from leafpool.tags import validate_tag
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="leafpool: distributed IDs from pre-generated Redis pools.")
+db_app = typer.Typer(no_args_is_help=True, help="The segment store (leaf_alloc).")
+tag_app = typer.Typer(no_args_is_help=True, help="Business tags.")
+app.add_typer(db_app, name="db")
+app.add_typer(tag_app, name="tag")
+
+out = Console()
+err = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def reports_errors(fn: F) -> F:
+    """Turn leafpool errors into one red line and an exit code."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (InvalidInput, UnknownTag, TagExists) as exc:
+            err.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
+            raise typer.Exit(2) from exc
+        except LeafpoolError as exc:
+            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise typer.Exit(1) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _runtime() -> Runtime:
+    return Runtime(get_settings())
+
+
+# -- db -------------------------------------------------------------------------------
+
+@db_app.command("init")
+@reports_errors
+def db_init() -> None:
+    """Create leaf_alloc (Leaf's DDL) unless it exists."""
+    rt = _runtime()
+    created = rt.store.init_schema()
+    where = rt.store.engine.url.render_as_string(hide_password=True)
+    out.print(f"leaf_alloc {'created' if created else 'already exists'} in {where}")
+
+
+# -- tags -----------------------------------------------------------------------------
+
+def _register(rt: Runtime, tag: str, step: int) -> None:
+    """Tell the pool at once; if Redis is down the beat's tag sync does it later."""
+    try:
+        rt.pool.register(tag, "segment", int(time.time() * 1000), table_step=step)
+    except LeafpoolError as exc:
+        err.print(f"warning: {tag}: not registered in Redis now ({exc}); "
+                  "the tag sync will pick it up", highlight=False)
+
+
+@tag_app.command("add")
+@reports_errors
+def tag_add(
+    tag: str,
+    step: Annotated[int, typer.Option(help="IDs per database segment (1..1,000,000)")],
+    start: Annotated[int, typer.Option(help="The first ID handed out")] = 1,
+    description: Annotated[str | None, typer.Option(help="Free text")] = None,
+) -> None:
+    """Add a segment tag."""
+    rt = _runtime()
+    rt.store.add_tag(tag, step, start, description)
+    _register(rt, tag, step)
+    out.print(f"{tag}: added (step {step}, first ID {start})")
+
+
+@tag_app.command("list")
+@reports_errors
+def tag_list(
+    as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,
+) -> None:
+    """List the tags in leaf_alloc."""
+    rows = _runtime().store.list_tags()
+    if as_json:
+        out.print_json(json.dumps([r.__dict__ for r in rows]))
+        return
+    table = Table("tag", "max_id", "step", "description")
+    for r in rows:
+        table.add_row(r.tag, str(r.max_id), str(r.step), r.description or "")
+    out.print(table)
+
+
+@tag_app.command("step")
+@reports_errors
+def tag_step(tag: str, step: int) -> None:
+    """Change a tag's step (the floor of the dynamic step)."""
+    validate_tag(tag)
+    rt = _runtime()
+    rt.store.set_step(tag, step)
+    with contextlib.suppress(LeafpoolError):
+        rt.pool.record(tag, table_step=step)
+    out.print(f"{tag}: step {step}")
+
+
+@tag_app.command("remove")
+@reports_errors
+def tag_remove(tag: str) -> None:
+    """Remove a tag from leaf_alloc and drop its pool."""
+    validate_tag(tag)
+    rt = _runtime()
+    rt.store.remove_tag(tag)
+    try:
+        rt.pool.drop(tag)
+    except LeafpoolError as exc:
+        err.print(f"warning: {tag}: pool keys not dropped now ({exc}); the tag sync will",
+                  highlight=False)
+    out.print(f"{tag}: removed")
+
+
+# -- pools ----------------------------------------------------------------------------
+
+def _fmt_seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 120:
+        return f"{value:.0f}s"
+    if value < 7200:
+        return f"{value / 60:.0f}m"
+    return f"{value / 3600:.1f}h"
+
+
+@app.command()
+@reports_errors
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,
+    watch: Annotated[float, typer.Option(help="Refresh every N seconds (0: once)")] = 0.0,
+) -> None:
+    """Per tag: list length vs target, reserve, step, max_id, rate, time left, last refill."""
+    rt = _runtime()
+    while True:
+        rows = pool_status(rt.pool)
+        if as_json:
+            out.print_json(json.dumps([r.as_dict() for r in rows]))
+        else:
+            table = Table("tag", "mode", "ready/target", "reserve", "step", "max_id",
+                          "pops/s", "time left", "last refill", "result", "empty hits",
+                          "last error")
+            for r in rows:
+                table.add_row(
+                    r.tag, r.mode, f"{r.length:,}/{r.target:,}", f"{r.reserve_size:,}",
+                    f"{r.step:,}", "-" if r.max_id is None else str(r.max_id),
+                    f"{r.rate:,.1f}", _fmt_seconds(r.seconds_left), age(r.last_refill_ms),
+                    r.last_refill_result, str(r.empty_hits),
+                    f"{r.last_error} ({age(r.last_error_ms)})" if r.last_error else "",
+                )
+            if watch:
+                out.clear()
+            out.print(table)
+        if not watch:
+            return
+        time.sleep(watch)
+
+
+@app.command()
+@reports_errors
+def refill(
+    tag: str,
+    force: Annotated[bool, typer.Option(help="Fill to target even above low-water")] = True,
+) -> None:
+    """Refill one tag now, in this process (no Celery needed)."""
+    validate_tag(tag)
+    result = _runtime().refiller.refill(tag, force=force)
+    out.print(f"{tag}: {result.summary()}")
+
+
+@app.command()
+@reports_errors
+def sync() -> None:
+    """Sync the pool's tags with leaf_alloc now (what the beat does every minute)."""
+    from leafpool.sync import sync_tags
+
+    rt = _runtime()
+    result = sync_tags(rt.pool, rt.store)
+    out.print(f"{result.total} tags; added {result.added or '-'}; removed {result.removed or '-'}")
+
+
+@app.command()
+@reports_errors
+def pop(
+    tag: str,
+    count: Annotated[int, typer.Option("-n", "--count", help="How many IDs")] = 1,
+) -> None:
+    """Take IDs from a pool with the Python client (as an application would)."""
+    from leafpool.client import Client
+
+    client = Client()
+    for value in client.next_ids(tag, count):
+        out.print(value)
+
+
+def main() -> None:
+    try:
+        get_settings()
+    except InvalidInput as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(2)
+    app()
+
+
+if __name__ == "__main__":
+    main()

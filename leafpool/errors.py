@@ -1,0 +1,98 @@
+"""The one exception tree of leafpool.
+
+Every error the library raises on purpose is a :class:`LeafpoolError`. Driver errors
+(redis-py, SQLAlchemy, kazoo) are wrapped at the boundary with ``raise ... from exc`` so
+callers only ever catch leafpool types.
+"""
+
+from __future__ import annotations
+
+
+class LeafpoolError(Exception):
+    """Root of every error leafpool raises on purpose."""
+
+
+class InvalidInput(LeafpoolError):
+    """Bad input. The message names the field, the value, and what is allowed; nothing
+    was written."""
+
+    def __init__(self, field: str, value: object, allowed: str) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field}={value!r} is not valid: {allowed}")
+
+
+class ConfigurationError(InvalidInput):
+    """A setting (environment variable) is malformed."""
+
+
+class InvalidTag(InvalidInput):
+    """A tag name that is empty, too long or uses characters outside the allowed set."""
+
+
+class InvalidArgument(InvalidInput):
+    """An argument (step, start, count, ID, worker ID) is outside what is allowed."""
+
+
+class UnknownTag(LeafpoolError):
+    """The tag is not known to the pool (nor to the segment store)."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        super().__init__(f"{tag}: unknown tag")
+
+
+class TagExists(LeafpoolError):
+    """A tag with this name is already registered."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        super().__init__(f"{tag}: tag already exists")
+
+
+class PoolEmpty(LeafpoolError):
+    """The pool of a known tag had no ID (after the configured wait, if any).
+
+    ``partial`` holds the IDs a batch request did obtain before the pool ran dry; they
+    are the caller's (never handed out again)."""
+
+    def __init__(self, tag: str, waited: float = 0.0, partial: list[int] | None = None) -> None:
+        self.tag = tag
+        self.waited = waited
+        self.partial = partial or []
+        suffix = f" after waiting {waited:.3f}s" if waited else ""
+        super().__init__(f"{tag}: pool empty{suffix}")
+
+
+class BackendUnavailable(LeafpoolError):
+    """Redis, the database or ZooKeeper did not answer."""
+
+
+class SegmentExhausted(LeafpoolError):
+    """Advancing max_id by the step would pass 2**63 - 1."""
+
+    def __init__(self, tag: str, max_id: int, step: int) -> None:
+        self.tag = tag
+        super().__init__(
+            f"{tag}: max_id={max_id} + step={step} would pass 2**63 - 1; "
+            "the tag has no IDs left in the signed 64-bit range"
+        )
+
+
+class StaleWrite(LeafpoolError):
+    """A refill write was refused: lost lock, stale reserve head, or IDs not above the
+    tag's high-water mark. Nothing was written."""
+
+
+class ClockMovedBackwards(LeafpoolError):
+    """The clock moved backwards beyond what a snowflake generator may wait out."""
+
+    def __init__(self, worker_id: int, offset_ms: int) -> None:
+        self.worker_id = worker_id
+        self.offset_ms = offset_ms
+        super().__init__(f"worker {worker_id}: clock moved backwards by {offset_ms} ms")
+
+
+class WorkerIdUnavailable(LeafpoolError):
+    """No snowflake worker ID could be leased (all taken, registry down, or fenced)."""

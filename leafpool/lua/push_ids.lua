@@ -1,0 +1,52 @@
+-- push_ids.lua: move one chunk from the head of the reserve into the ready list.
+--
+-- KEYS[1]  ids      list of ready IDs (the public LPOP interface)
+-- KEYS[2]  reserve  list of "start:end" ranges (half-open) not yet pushed
+-- KEYS[3]  state    hash; reads "hwm", writes "hwm", "pushed_total", "last_push_ms"
+-- KEYS[4]  lock     refill lock; its value must be the caller's token (fencing)
+-- ARGV[1]  the caller's lock token
+-- ARGV[2]  the reserve head the caller read, "start:end"
+-- ARGV[3]  the reserve head after this chunk, "" when the range is used up
+-- ARGV[4]  now, in milliseconds
+-- ARGV[5..] the IDs as decimal strings, contiguous and increasing from the head's start
+--
+-- Returns the new length of the ids list (>= 0), or nothing written and
+--   -1  the lock is not held with this token (expired, or taken by another refiller)
+--   -2  the reserve head is not ARGV[2] (this chunk was already pushed, or taken)
+--   -3  the first ID is not above the tag's high-water mark
+--   -6  the IDs do not lie in the head range
+--
+-- IDs are compared as decimal strings (length, then bytes): Lua numbers are doubles,
+-- exact only to 2^53, and IDs span the signed 64-bit range.
+
+local function gt(a, b)
+  if #a ~= #b then return #a > #b end
+  return a > b
+end
+
+if redis.call('GET', KEYS[4]) ~= ARGV[1] then return -1 end
+local head = redis.call('LINDEX', KEYS[2], 0)
+if head ~= ARGV[2] then return -2 end
+
+local first, last = ARGV[5], ARGV[#ARGV]
+local sep = string.find(head, ':', 1, true)
+local head_start, head_end = string.sub(head, 1, sep - 1), string.sub(head, sep + 1)
+if first ~= head_start or not gt(head_end, last) then return -6 end
+
+local hwm = redis.call('HGET', KEYS[3], 'hwm')
+if hwm and not gt(first, hwm) then return -3 end
+
+local len = 0
+for i = 5, #ARGV, 1000 do
+  local j = math.min(i + 999, #ARGV)
+  len = redis.call('RPUSH', KEYS[1], unpack(ARGV, i, j))
+end
+
+if ARGV[3] == '' then
+  redis.call('LPOP', KEYS[2])
+else
+  redis.call('LSET', KEYS[2], 0, ARGV[3])
+end
+redis.call('HSET', KEYS[3], 'hwm', last, 'last_push_ms', ARGV[4])
+redis.call('HINCRBY', KEYS[3], 'pushed_total', #ARGV - 4)
+return len

@@ -1,0 +1,266 @@
+"""The Redis side of the pools: tag registration, snapshots, and the fenced writes that
+add IDs (each one a Lua script that checks the lock token and the high-water mark).
+
+This module owns no policy: how much to push and when is :mod:`leafpool.refill`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import redis
+
+from leafpool import scripts
+from leafpool.errors import BackendUnavailable, StaleWrite
+from leafpool.keys import Keys, TagKeys
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Range:
+    """A half-open range ``[start, end)`` of IDs, stored in the reserve as ``start:end``."""
+
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def encode(self) -> str:
+        return f"{self.start}:{self.end}"
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Range:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        start, _, end = text.partition(":")
+        return cls(int(start), int(end))
+
+
+@dataclass
+class Snapshot:
+    """One consistent read of a tag's keys (taken in a MULTI)."""
+
+    tag: str
+    length: int
+    reserve: list[Range]
+    state: dict[str, str] = field(default_factory=dict)
+    locked: bool = False
+
+    @property
+    def known(self) -> bool:
+        return bool(self.state)
+
+    @property
+    def reserve_size(self) -> int:
+        return sum(r.size for r in self.reserve)
+
+    def int(self, name: str, default: int = 0) -> int:
+        value = self.state.get(name)
+        return int(value) if value not in (None, "") else default
+
+    def float(self, name: str, default: float = 0.0) -> float:
+        value = self.state.get(name)
+        return float(value) if value not in (None, "") else default
+
+
+@contextmanager
+def redis_errors(what: str) -> Iterator[None]:
+    """Wrap redis-py's connection errors at the boundary."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise BackendUnavailable(f"redis: {what}: {exc}") from exc
+    except redis.ResponseError as exc:
+        raise BackendUnavailable(f"redis: {what}: {exc}") from exc
+
+
+def _text(raw: object) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def _decode_map(raw: Mapping[bytes, bytes]) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+class Pool:
+    """Redis operations on the pools under one key prefix."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "leafpool") -> None:
+        self.redis = client
+        self.keys = Keys(prefix)
+        self._push = client.register_script(scripts.source("push_ids"))
+        self._append = client.register_script(scripts.source("append_reserve"))
+        self._take = client.register_script(scripts.source("take_reserve"))
+
+    def tag(self, tag: str) -> TagKeys:
+        return self.keys.tag(tag)
+
+    # -- registration -------------------------------------------------------------------
+
+    def register(self, tag: str, mode: str, now_ms: int, **fields: object) -> bool:
+        """Make ``tag`` known; True when it was new. Existing state is kept."""
+        k = self.tag(tag)
+        with redis_errors(f"{tag}: register"):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.sadd(self.keys.tags, tag)
+            pipe.hsetnx(k.state, "mode", mode)
+            pipe.hsetnx(k.state, "created_ms", now_ms)
+            for name, value in fields.items():
+                pipe.hset(k.state, name, str(value))
+            added = pipe.execute()[0]
+        return bool(added)
+
+    def drop(self, tag: str) -> None:
+        """Forget ``tag``: its keys go away (the ready IDs in it are a gap, never reused:
+        a running refiller loses its lock and every write it tries is refused)."""
+        k = self.tag(tag)
+        with redis_errors(f"{tag}: drop"):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.srem(self.keys.tags, tag)
+            pipe.srem(self.keys.wanted, tag)
+            pipe.delete(*k.all())
+            pipe.execute()
+
+    def tags(self) -> list[str]:
+        with redis_errors("list tags"):
+            return sorted(_text(t) for t in self.redis.smembers(self.keys.tags))
+
+    def is_known(self, tag: str) -> bool:
+        with redis_errors(f"{tag}: membership"):
+            return bool(self.redis.sismember(self.keys.tags, tag))
+
+    def mode(self, tag: str) -> str | None:
+        with redis_errors(f"{tag}: mode"):
+            raw = self.redis.hget(self.tag(tag).state, "mode")
+        return _text(raw) if raw else None
+
+    # -- reads --------------------------------------------------------------------------
+
+    def snapshot(self, tag: str) -> Snapshot:
+        k = self.tag(tag)
+        with redis_errors(f"{tag}: snapshot"):
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.llen(k.ids)
+            pipe.lrange(k.reserve, 0, -1)
+            pipe.hgetall(k.state)
+            pipe.exists(k.lock)
+            length, reserve, state, locked = pipe.execute()
+        return Snapshot(
+            tag, int(length), [Range.decode(r) for r in reserve], _decode_map(state),
+            bool(locked),
+        )
+
+    def snapshots(self, tags: Sequence[str]) -> list[Snapshot]:
+        """Snapshots of many tags in one round trip (not one transaction)."""
+        with redis_errors("snapshots"):
+            pipe = self.redis.pipeline(transaction=False)
+            for tag in tags:
+                k = self.tag(tag)
+                pipe.llen(k.ids)
+                pipe.lrange(k.reserve, 0, -1)
+                pipe.hgetall(k.state)
+                pipe.exists(k.lock)
+            raw = pipe.execute()
+        out = []
+        for i, tag in enumerate(tags):
+            length, reserve, state, locked = raw[4 * i : 4 * i + 4]
+            out.append(Snapshot(tag, int(length), [Range.decode(r) for r in reserve],
+                                _decode_map(state), bool(locked)))
+        return out
+
+    # -- state --------------------------------------------------------------------------
+
+    def record(self, tag: str, **fields: object) -> None:
+        if not fields:
+            return
+        with redis_errors(f"{tag}: record"):
+            self.redis.hset(self.tag(tag).state,
+                            mapping={k: str(v) for k, v in fields.items()})
+
+    def count(self, tag: str, name: str, by: int = 1) -> None:
+        with redis_errors(f"{tag}: count {name}"):
+            self.redis.hincrby(self.tag(tag).state, name, by)
+
+    def want(self, tag: str) -> None:
+        """Record an empty-pool hit and ask the sweep for a refill of ``tag``."""
+        with redis_errors(f"{tag}: want"):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.sadd(self.keys.wanted, tag)
+            pipe.hincrby(self.tag(tag).state, "empty_hits", 1)
+            pipe.execute()
+
+    def take_wanted(self) -> list[str]:
+        with redis_errors("wanted"):
+            raw = self.redis.spop(self.keys.wanted, 10_000)
+        return sorted(_text(t) for t in raw or [])
+
+    def mark_queued(self, tag: str, seconds: int) -> bool:
+        """True when no refill of ``tag`` was marked queued in the last ``seconds``."""
+        with redis_errors(f"{tag}: mark queued"):
+            return bool(self.redis.set(self.tag(tag).queued, 1, nx=True, ex=seconds))
+
+    def clear_queued(self, tag: str) -> None:
+        with redis_errors(f"{tag}: clear queued"):
+            self.redis.delete(self.tag(tag).queued)
+
+    # -- fenced writes ------------------------------------------------------------------
+
+    def push(self, tag: str, token: bytes, head: Range, count: int, now_ms: int) -> int:
+        """Push the first ``count`` IDs of the reserve ``head`` into the ready list.
+
+        Returns the new list length; raises :class:`StaleWrite` (nothing written) when the
+        lock, the head or the high-water mark says this chunk must not be pushed.
+        """
+        k = self.tag(tag)
+        new_head = "" if count == head.size else Range(head.start + count, head.end).encode()
+        ids = [str(i) for i in range(head.start, head.start + count)]
+        with redis_errors(f"{tag}: push"):
+            result = int(self._push(
+                keys=[k.ids, k.reserve, k.state, k.lock],
+                args=[token, head.encode(), new_head, now_ms, *ids],
+            ))
+        if result < 0:
+            raise StaleWrite(f"{tag}: push of {count} IDs from {head.encode()} refused: "
+                             f"{scripts.REFUSALS[result]}")
+        return result
+
+    def append_reserve(
+        self, tag: str, token: bytes, segment: Range, **fields: object
+    ) -> int:
+        """Append ``segment`` to the reserve (and record ``fields`` with it)."""
+        k = self.tag(tag)
+        pairs: list[str] = []
+        for name, value in fields.items():
+            pairs += [name, str(value)]
+        with redis_errors(f"{tag}: append reserve"):
+            result = int(self._append(
+                keys=[k.reserve, k.state, k.lock],
+                args=[token, str(segment.start), str(segment.end), *pairs],
+            ))
+        if result < 0:
+            raise StaleWrite(f"{tag}: reserve range {segment.encode()} refused: "
+                             f"{scripts.REFUSALS[result]}")
+        return result
+
+    def take_reserve(self, tag: str, head: Range, count: int) -> int:
+        """Client path: take ``count`` IDs from the reserve head while the list is empty.
+        Returns 1 on success or the script's refusal code (nothing written)."""
+        k = self.tag(tag)
+        count = min(count, head.size)
+        new_head = "" if count == head.size else Range(head.start + count, head.end).encode()
+        with redis_errors(f"{tag}: take reserve"):
+            return int(self._take(
+                keys=[k.ids, k.reserve, k.state],
+                args=[head.encode(), new_head, str(head.start),
+                      str(head.start + count - 1), count],
+            ))
+
+    def reserve_head(self, tag: str) -> Range | None:
+        with redis_errors(f"{tag}: reserve head"):
+            raw = self.redis.lindex(self.tag(tag).reserve, 0)
+        return Range.decode(raw) if raw else None

@@ -1,0 +1,212 @@
+"""The segment refill protocol (design.md section 3), one refiller per tag at a time.
+
+1. measure consumption (``pushed_total - LLEN ids``) and smooth the rate;
+2. pool target = rate x pool seconds within floor and ceiling; low-water = a ratio of it;
+3. below low-water, move IDs from the reserve head into ``ids`` in chunks;
+4. keep the reserve topped up from the database (one atomic ``max_id`` advance each);
+5. every write is a fenced Lua script that refuses IDs not above the high-water mark;
+6. the step follows Leaf's 15/30-minute rule.
+
+The list is filled from the reserve *before* the database is asked, so a database outage
+leaves the pool serving list + reserve while the task retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from leafpool.config import Settings
+from leafpool.errors import BackendUnavailable, LeafpoolError, SegmentExhausted, StaleWrite
+from leafpool.lock import RefillLock
+from leafpool.pool import Pool, Range, Snapshot
+from leafpool.step import next_step, pool_target, smooth_rate
+from leafpool.store import SegmentStore
+
+log = logging.getLogger(__name__)
+
+MAX_ALLOCATIONS_PER_REFILL = 16
+
+
+@dataclass
+class RefillResult:
+    """What one refill did; also the Celery task result Flower shows."""
+
+    tag: str
+    pushed: int = 0
+    length: int = 0
+    target: int = 0
+    step: int = 0
+    segments: list[str] = field(default_factory=list)
+    skipped: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"skipped: {self.skipped}"
+        segs = f", segments {' '.join(self.segments)}" if self.segments else ""
+        return f"pushed {self.pushed}, length {self.length}/{self.target}, step {self.step}{segs}"
+
+
+class SegmentRefiller:
+    """Refills segment tags. One instance per process; safe to call for any tag."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        store: SegmentStore,
+        settings: Settings,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self.store = store
+        self.settings = settings
+        self._clock = clock
+        self._monotonic = monotonic
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def refill(self, tag: str, force: bool = False) -> RefillResult:
+        """Refill ``tag`` if it is below its low-water mark (or not full, with ``force``).
+
+        Returns ``skipped="locked"`` when another refiller holds the tag.
+        """
+        lock = RefillLock(self.pool.redis, self.pool.tag(tag).lock,
+                          self.settings.lock_ttl_ms, self._monotonic)
+        if not lock.acquire():
+            return RefillResult(tag, skipped="locked")
+        with lock:
+            try:
+                result = self._refill_locked(tag, lock, force)
+            except LeafpoolError as exc:
+                self._record_failure(tag, exc)
+                raise
+        log.info("%s: refill %s", tag, result.summary())
+        return result
+
+    def _record_failure(self, tag: str, exc: LeafpoolError) -> None:
+        log.warning("%s: refill failed: %s", tag, exc)
+        try:
+            self.pool.record(tag, last_error=str(exc), last_error_ms=self._now_ms(),
+                             last_refill_ms=self._now_ms(),
+                             last_refill_result=f"failed: {type(exc).__name__}")
+            self.pool.count(tag, "refill_failures")
+        except BackendUnavailable:
+            pass  # Redis itself is down; the exception already says so
+
+    def _ensure_known(self, tag: str) -> Snapshot:
+        snap = self.pool.snapshot(tag)
+        if snap.known:
+            return snap
+        row = self.store.get_tag(tag)  # raises UnknownTag when not in leaf_alloc either
+        self.pool.register(tag, "segment", self._now_ms(), table_step=row.step)
+        return self.pool.snapshot(tag)
+
+    def _refill_locked(self, tag: str, lock: RefillLock, force: bool) -> RefillResult:
+        s = self.settings
+        snap = self._ensure_known(tag)
+        mode = snap.state.get("mode", "segment")
+        if mode != "segment":
+            return RefillResult(tag, skipped=f"mode is {mode}")
+        now = self._clock()
+        now_ms = int(now * 1000)
+
+        # 1-2: consumption rate and targets
+        consumed_total = snap.int("pushed_total") - snap.length
+        rate = snap.float("rate")
+        if "rate_ts_ms" in snap.state:
+            elapsed = now - snap.int("rate_ts_ms") / 1000
+            rate = smooth_rate(rate, consumed_total - snap.int("rate_consumed"), elapsed,
+                               s.rate_smoothing)
+        target = pool_target(rate, s.pool_seconds, s.pool_floor, s.pool_ceiling)
+        low_water = math.ceil(target * s.low_water_ratio)
+        reserve_target = pool_target(rate, s.reserve_seconds, s.pool_floor, 100 * s.pool_ceiling)
+        self.pool.record(tag, rate=f"{rate:.3f}", rate_ts_ms=now_ms,
+                         rate_consumed=consumed_total, target=target, low_water=low_water,
+                         reserve_target=reserve_target)
+
+        result = RefillResult(tag, length=snap.length, target=target,
+                              step=snap.int("step"))
+        reserve = list(snap.reserve)
+        alloc = _Allocator(self, tag, lock, snap, result)
+
+        # 3: fill the list from the reserve, in chunks
+        if snap.length < low_water or (force and snap.length < target):
+            need = target - snap.length
+            while need > 0:
+                if not reserve:
+                    reserve.append(alloc.allocate())
+                head = reserve[0]
+                n = min(s.chunk_size, need, head.size)
+                result.length = self.pool.push(tag, lock.token, head, n, self._now_ms())
+                result.pushed += n
+                need -= n
+                reserve[0] = Range(head.start + n, head.end)
+                if reserve[0].size == 0:
+                    reserve.pop(0)
+                lock.keep()
+
+        # 4: top up the reserve
+        while (sum(r.size for r in reserve) < reserve_target
+               and alloc.count < MAX_ALLOCATIONS_PER_REFILL):
+            reserve.append(alloc.allocate())
+            lock.keep()
+
+        self.pool.record(tag, last_refill_ms=self._now_ms(),
+                         last_refill_result=f"ok: {result.summary()}")
+        self.pool.count(tag, "refills")
+        return result
+
+
+class _Allocator:
+    """Takes segments from the database for one refill, with the dynamic step."""
+
+    def __init__(self, refiller: SegmentRefiller, tag: str, lock: RefillLock,
+                 snap: Snapshot, result: RefillResult) -> None:
+        self.r = refiller
+        self.tag = tag
+        self.lock = lock
+        self.step = snap.int("step")
+        self.segment_ms = snap.int("segment_ms") if "segment_ms" in snap.state else None
+        self.result = result
+        self.count = 0
+
+    def _choose(self, table_step: int) -> int:
+        s = self.r.settings
+        lasted = None
+        if self.segment_ms is not None:
+            lasted = max(0.0, (self.r._now_ms() - self.segment_ms) / 1000)
+        return next_step(self.step, table_step, lasted, grow_below=s.step_grow_seconds,
+                         shrink_above=s.step_shrink_seconds, cap=s.max_step)
+
+    def allocate(self) -> Range:
+        try:
+            seg = self.r.store.allocate(self.tag, self._choose)
+        except SegmentExhausted:
+            raise
+        now_ms = self.r._now_ms()
+        rng = Range(seg.start, seg.end)
+        # A refused append (lost lock) leaves a gap in the database counter: never a repeat.
+        self.r.pool.append_reserve(
+            self.tag, self.lock.token, rng, step=seg.step, table_step=seg.table_step,
+            max_id=seg.end, segment_ms=now_ms, last_alloc_ms=f"{seg.took_ms:.2f}",
+        )
+        self.r.pool.count(self.tag, "allocations")
+        self.step = seg.step
+        self.segment_ms = now_ms
+        self.count += 1
+        self.result.step = seg.step
+        self.result.segments.append(rng.encode())
+        log.info("%s: segment [%d, %d) step %d from the database in %.1f ms",
+                 self.tag, seg.start, seg.end, seg.step, seg.took_ms)
+        return rng
+
+
+__all__ = ["RefillResult", "SegmentRefiller", "StaleWrite"]

@@ -1,0 +1,88 @@
+"""Per-tag status, read from Redis: what ``leafpool status``, the status page and the
+metrics show."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from leafpool.pool import Pool, Snapshot
+
+
+@dataclass
+class TagStatus:
+    tag: str
+    mode: str
+    length: int
+    target: int
+    low_water: int
+    reserve: list[str]
+    reserve_size: int
+    step: int
+    max_id: int | None
+    rate: float
+    seconds_left: float | None
+    last_refill_ms: int | None
+    last_refill_result: str
+    last_error: str
+    last_error_ms: int | None
+    empty_hits: int
+    reserve_takes: int
+    pushed_total: int
+    refills: int
+    refill_failures: int
+    locked: bool
+    hwm: str
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _opt_int(snap: Snapshot, name: str) -> int | None:
+    return snap.int(name) if snap.state.get(name) else None
+
+
+def tag_status(snap: Snapshot) -> TagStatus:
+    rate = snap.float("rate")
+    ready = snap.length + snap.reserve_size
+    return TagStatus(
+        tag=snap.tag,
+        mode=snap.state.get("mode", "?"),
+        length=snap.length,
+        target=snap.int("target"),
+        low_water=snap.int("low_water"),
+        reserve=[r.encode() for r in snap.reserve],
+        reserve_size=snap.reserve_size,
+        step=snap.int("step"),
+        max_id=_opt_int(snap, "max_id"),
+        rate=rate,
+        seconds_left=(ready / rate) if rate > 0 else None,
+        last_refill_ms=_opt_int(snap, "last_refill_ms"),
+        last_refill_result=snap.state.get("last_refill_result", ""),
+        last_error=snap.state.get("last_error", ""),
+        last_error_ms=_opt_int(snap, "last_error_ms"),
+        empty_hits=snap.int("empty_hits"),
+        reserve_takes=snap.int("reserve_takes"),
+        pushed_total=snap.int("pushed_total"),
+        refills=snap.int("refills"),
+        refill_failures=snap.int("refill_failures"),
+        locked=snap.locked,
+        hwm=snap.state.get("hwm", ""),
+    )
+
+
+def pool_status(pool: Pool, tags: list[str] | None = None) -> list[TagStatus]:
+    names = tags if tags is not None else pool.tags()
+    return [tag_status(s) for s in pool.snapshots(names)]
+
+
+def age(ms: int | None, clock: Callable[[], float] = time.time) -> str:
+    if ms is None:
+        return "never"
+    seconds = clock() - ms / 1000
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"

@@ -1,0 +1,74 @@
+"""Beat-driven housekeeping, as plain functions the Celery tasks call.
+
+- :func:`sync_tags` (Leaf: every 60 s): tags in ``leaf_alloc`` become pool tags; segment
+  tags gone from the table stop being refilled and their keys go away.
+- :func:`sweep` (every second): which tags need a refill now: below their low-water
+  mark, never filled, or found empty by a client. A short-lived ``queued`` marker per tag
+  keeps the sweep from queueing the same refill twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from leafpool.pool import Pool
+from leafpool.store import SegmentStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SyncResult:
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    total: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {"added": self.added, "removed": self.removed, "total": self.total}
+
+
+def sync_tags(
+    pool: Pool, store: SegmentStore, clock: Callable[[], float] = time.time
+) -> SyncResult:
+    """Make the pool's segment tags match ``leaf_alloc``."""
+    rows = store.list_tags()  # raises BackendUnavailable: then nothing is removed
+    in_db = {r.tag: r for r in rows}
+    now_ms = int(clock() * 1000)
+    result = SyncResult(total=len(in_db))
+    known = pool.tags()
+    snaps = {s.tag: s for s in pool.snapshots(known)}
+    for tag, row in in_db.items():
+        snap = snaps.get(tag)
+        if snap is None or not snap.known:
+            pool.register(tag, "segment", now_ms, table_step=row.step)
+            result.added.append(tag)
+            log.info("%s: tag found in leaf_alloc, pool registered", tag)
+        elif snap.state.get("table_step") != str(row.step):
+            pool.record(tag, table_step=row.step)
+    for tag in known:
+        snap = snaps[tag]
+        if tag not in in_db and snap.state.get("mode", "segment") == "segment":
+            pool.drop(tag)
+            result.removed.append(tag)
+            log.info("%s: tag gone from leaf_alloc, pool removed", tag)
+    return result
+
+
+def sweep(pool: Pool, queued_seconds: int) -> list[tuple[str, str, bool]]:
+    """Tags to refill now, as ``(tag, mode, force)``; each is marked queued."""
+    wanted = set(pool.take_wanted())
+    out: list[tuple[str, str, bool]] = []
+    for snap in pool.snapshots(pool.tags()):
+        if not snap.known:
+            continue
+        low_water = snap.int("low_water", -1)
+        below = low_water < 0 or snap.length < low_water
+        if snap.state.get("mode", "segment") == "segment":
+            below = below or snap.reserve_size < snap.int("reserve_target") // 2
+        force = snap.tag in wanted
+        if (below or force) and not snap.locked and pool.mark_queued(snap.tag, queued_seconds):
+            out.append((snap.tag, snap.state.get("mode", "segment"), force))
+    return out

@@ -1,0 +1,52 @@
+"""Celery configuration, from leafpool's settings (environment variables only)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from celery import Celery
+from kombu import Queue
+
+from leafpool.config import get_settings
+
+SEGMENT_QUEUE = "leafpool.segment"
+SNOWFLAKE_QUEUE = "leafpool.snowflake"
+CONTROL_QUEUE = "leafpool.control"
+
+settings = get_settings()
+
+app = Celery("leafpool", broker=settings.broker_url, include=["workers.tasks"])
+app.conf.update(
+    task_queues=[Queue(SEGMENT_QUEUE), Queue(SNOWFLAKE_QUEUE), Queue(CONTROL_QUEUE)],
+    task_default_queue=CONTROL_QUEUE,
+    task_routes={
+        "leafpool.refill_segment": {"queue": SEGMENT_QUEUE},
+        "leafpool.refill_snowflake": {"queue": SNOWFLAKE_QUEUE},
+        "leafpool.sweep": {"queue": CONTROL_QUEUE},
+        "leafpool.sync_tags": {"queue": CONTROL_QUEUE},
+    },
+    # a refill interrupted by a crash is delivered again (every write is fenced)
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+    broker_connection_retry_on_startup=True,
+    task_ignore_result=True,
+    # Flower: task events with their arguments and results
+    worker_send_task_events=True,
+    task_send_sent_event=True,
+    task_serializer="json",
+    accept_content=["json"],
+    beat_schedule={
+        "leafpool-sweep": {
+            "task": "leafpool.sweep",
+            "schedule": timedelta(seconds=settings.sweep_seconds),
+            "options": {"expires": max(settings.sweep_seconds * 5, 5)},
+        },
+        "leafpool-sync-tags": {
+            "task": "leafpool.sync_tags",
+            "schedule": timedelta(seconds=settings.tag_sync_seconds),
+            "options": {"expires": settings.tag_sync_seconds},
+        },
+    },
+)
