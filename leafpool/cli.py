@@ -165,8 +165,7 @@ def status(
             out.print_json(json.dumps([r.as_dict() for r in rows]))
         else:
             table = Table("tag", "mode", "ready/target", "reserve", "step", "max_id",
-                          "pops/s", "time left", "last refill", "result", "empty hits",
-                          "last error")
+                          "pops/s", "left", "refilled", "result", "empty", "last error")
             for r in rows:
                 table.add_row(
                     r.tag, r.mode, f"{r.length:,}/{r.target:,}", f"{r.reserve_size:,}",

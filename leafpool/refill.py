@@ -160,7 +160,7 @@ class SegmentRefiller:
             lock.keep()
 
         self.pool.record(tag, last_refill_ms=self._now_ms(),
-                         last_refill_result=f"ok: {result.summary()}")
+                         last_refill_result=f"ok +{result.pushed}")
         self.pool.count(tag, "refills")
         return result
 

@@ -8,7 +8,7 @@ Redis restart (NOSCRIPT).
 from __future__ import annotations
 
 from functools import cache
-from importlib import resources
+from pathlib import Path
 
 # Return codes shared by the scripts (see each file's header).
 LOCK_LOST = -1
@@ -31,4 +31,4 @@ REFUSALS = {
 @cache
 def source(name: str) -> str:
     """The text of ``leafpool/lua/<name>.lua``."""
-    return resources.files("leafpool").joinpath("lua", f"{name}.lua").read_text()
+    return (Path(__file__).parent / "lua" / f"{name}.lua").read_text()

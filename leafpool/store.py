@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from sqlalchemy import (
@@ -158,7 +157,7 @@ class SegmentStore:
 
     def ddl(self) -> str:
         name = "leaf_alloc.mysql.sql" if self.dialect == "mysql" else "leaf_alloc.sqlite.sql"
-        return resources.files("leafpool").joinpath("sql", name).read_text()
+        return (Path(__file__).parent / "sql" / name).read_text()
 
     def init_schema(self) -> bool:
         """Create ``leaf_alloc`` with Leaf's DDL unless it exists; True when created."""

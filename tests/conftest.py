@@ -1,0 +1,112 @@
+"""Fixtures: real redis-server, MariaDB and ZooKeeper on loopback (see tests/services.py),
+one of each per test session; every test gets clean data in them."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from leafpool.config import Settings, load_settings
+from leafpool.pool import Pool
+from leafpool.store import SegmentStore
+from tests import services
+
+_db_counter = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No LEAFPOOL_* setting from the developer's shell leaks into a test."""
+    for name in list(os.environ):
+        if name.startswith("LEAFPOOL_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("LEAFPOOL_HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[services.Server]:
+    server = services.redis_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: services.Server) -> Iterator[str]:
+    client = redis.Redis.from_url(redis_server.extra["url"])
+    client.flushall()
+    client.close()
+    yield redis_server.extra["url"]
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[services.Server]:
+    server = services.mariadb_server()
+    yield server
+    server.stop()
+
+
+def _fresh_database(server: services.Server) -> str:
+    name = f"lp_{os.getpid()}_{next(_db_counter)}"
+    subprocess.run(
+        [server.extra["client"], f"--socket={server.extra['socket']}", "-uroot", "-e",
+         f"CREATE DATABASE {name}"], check=True, capture_output=True, timeout=30)
+    return server.extra["url"].rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture
+def mysql_url(mariadb_server: services.Server) -> str:
+    """A new, empty MariaDB database for this test."""
+    return _fresh_database(mariadb_server)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'leafpool.sqlite3'}"
+
+
+@pytest.fixture(params=["sqlite", "mysql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The contract suite runs against both segment stores."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'leafpool.sqlite3'}"
+    server = request.getfixturevalue("mariadb_server")
+    return _fresh_database(server)
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[SegmentStore]:
+    s = SegmentStore.from_url(database_url)
+    s.init_schema()
+    yield s
+    s.engine.dispose()
+
+
+@pytest.fixture
+def make_settings(redis_url: str, tmp_path: Path) -> Callable[..., Settings]:
+    def make(**overrides: object) -> Settings:
+        values: dict[str, object] = {
+            "redis_url": redis_url,
+            "database_url": f"sqlite:///{tmp_path / 'leafpool.sqlite3'}",
+        }
+        values.update(overrides)
+        return load_settings(**values)
+
+    return make
+
+
+@pytest.fixture
+def pool(r: redis.Redis) -> Pool:
+    return Pool(r, "leafpool")
