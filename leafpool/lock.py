@@ -27,17 +27,20 @@ class RefillLock:
         self._ttl = ttl_ms / 1000
         self._monotonic = monotonic
         self._extended_at = 0.0
+        self._token: bytes | None = None
         self.held = False
 
     @property
     def token(self) -> bytes:
-        token = self._lock.local.token
-        assert token is not None, "token read before acquire"
-        return bytes(token)
+        """The token of the last acquire (kept after release: writes with it are refused)."""
+        assert self._token is not None, "token read before acquire"
+        return self._token
 
     def acquire(self) -> bool:
         with redis_errors(f"{self._lock.name}: acquire"):
             self.held = bool(self._lock.acquire(blocking=False))
+        if self.held:
+            self._token = bytes(self._lock.local.token)
         self._extended_at = self._monotonic()
         return self.held
 

@@ -110,3 +110,15 @@ def make_settings(redis_url: str, tmp_path: Path) -> Callable[..., Settings]:
 @pytest.fixture
 def pool(r: redis.Redis) -> Pool:
     return Pool(r, "leafpool")
+
+
+@pytest.fixture(scope="session")
+def zk_server() -> Iterator[services.Server]:
+    server = services.zookeeper_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def zk_hosts(zk_server: services.Server) -> str:
+    return zk_server.extra["hosts"]
