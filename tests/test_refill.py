@@ -1,0 +1,167 @@
+"""The segment refill protocol against real Redis and both segment stores."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import redis
+
+from leafpool.config import Settings
+from leafpool.errors import BackendUnavailable, SegmentExhausted, UnknownTag
+from leafpool.config import MAX_ID
+from leafpool.lock import RefillLock
+from leafpool.pool import Pool
+from leafpool.refill import SegmentRefiller
+from leafpool.store import SegmentStore
+from tests.clock import FakeClock
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def refiller(pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings],
+             clock: FakeClock) -> SegmentRefiller:
+    settings = make_settings(pool_floor=2000, pool_ceiling=50_000, chunk_size=300,
+                             pool_seconds=10, reserve_seconds=10)
+    return SegmentRefiller(pool, store, settings, clock=clock)
+
+
+def ids(r: redis.Redis, tag: str) -> list[int]:
+    return [int(x) for x in r.lrange(f"leafpool:{{{tag}}}:ids", 0, -1)]
+
+
+def test_first_refill_fills_the_list_to_the_floor_and_keeps_a_reserve(
+    refiller: SegmentRefiller, store: SegmentStore, r: redis.Redis
+) -> None:
+    store.add_tag("order", step=1000)
+    result = refiller.refill("order")
+    assert result.pushed == 2000
+    assert ids(r, "order") == list(range(1, 2001))
+    snap = refiller.pool.snapshot("order")
+    assert snap.reserve_size >= 2000
+    assert snap.reserve[0].start == 2001
+    assert snap.state["hwm"] == "2000"
+    assert snap.int("max_id") == store.get_tag("order").max_id
+
+
+def test_a_refill_above_low_water_pushes_nothing(
+    refiller: SegmentRefiller, store: SegmentStore, r: redis.Redis
+) -> None:
+    store.add_tag("order", step=1000)
+    refiller.refill("order")
+    r.lpop("leafpool:{order}:ids", 500)  # 1500 left, low-water is 1000
+    assert refiller.refill("order").pushed == 0
+    r.lpop("leafpool:{order}:ids", 600)  # 900 left
+    result = refiller.refill("order")
+    assert result.length == result.target
+    popped = [int(x) for x in r.lpop("leafpool:{order}:ids", 100_000)]
+    assert popped == list(range(1101, 1101 + len(popped)))
+
+
+def test_consumption_raises_the_target(
+    refiller: SegmentRefiller, store: SegmentStore, r: redis.Redis, clock: FakeClock
+) -> None:
+    store.add_tag("order", step=1000)
+    refiller.refill("order")
+    r.lpop("leafpool:{order}:ids", 2000)
+    clock.advance(1.0)  # 2,000 IDs/s for 10 pool seconds
+    result = refiller.refill("order")
+    assert result.target == 20_000
+    assert result.length == 20_000
+    assert refiller.pool.snapshot("order").float("rate") == pytest.approx(2000)
+
+
+def test_step_doubles_while_segments_last_under_the_grow_time(
+    refiller: SegmentRefiller, store: SegmentStore, r: redis.Redis, clock: FakeClock
+) -> None:
+    store.add_tag("order", step=1000)
+    refiller.refill("order")
+    steps = [int(s.split(":")[1]) - int(s.split(":")[0])
+             for s in r.lrange("leafpool:{order}:reserve", 0, -1)
+             for s in [s.decode()]]
+    assert refiller.pool.snapshot("order").int("step") >= 2000
+    assert steps == sorted(steps)
+
+
+def _sizes(segments: list[str]) -> list[int]:
+    return [int(b) - int(a) for a, b in (seg.split(":") for seg in segments)]
+
+
+def test_step_keeps_then_halves_by_segment_age_but_not_below_the_table_step(
+    pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings], clock: FakeClock
+) -> None:
+    settings = make_settings(pool_floor=10, pool_ceiling=10, chunk_size=10, reserve_seconds=1,
+                             step_grow_seconds=60, step_shrink_seconds=120)
+    refiller = SegmentRefiller(pool, store, settings, clock=clock)
+    store.add_tag("order", step=10)
+    # the first segment takes the table step; the next one, a moment later, doubles
+    assert _sizes(refiller.refill("order").segments) == [10, 20]
+
+    def drain_and_refill(seconds: float) -> list[int]:
+        pool.redis.delete("leafpool:{order}:ids", "leafpool:{order}:reserve")
+        clock.advance(seconds)
+        return _sizes(refiller.refill("order").segments)
+
+    assert drain_and_refill(90) == [20]  # lasted 60-120 s: keep (half of it stays reserved)
+    assert drain_and_refill(500)[0] == 10  # lasted over 120 s: halve
+    assert drain_and_refill(500)[0] == 10  # never below the table's step
+
+
+def test_a_held_lock_skips_the_refill(refiller: SegmentRefiller, store: SegmentStore) -> None:
+    store.add_tag("order", step=1000)
+    other = RefillLock(refiller.pool.redis, "leafpool:{order}:lock", 10_000)
+    assert other.acquire()
+    assert refiller.refill("order").skipped == "locked"
+    other.release()
+    assert refiller.refill("order").pushed == 2000
+
+
+def test_unknown_tag_raises(refiller: SegmentRefiller) -> None:
+    with pytest.raises(UnknownTag):
+        refiller.refill("nope")
+
+
+def test_exhausted_tag_serves_what_it_has_then_fails_loudly(
+    refiller: SegmentRefiller, store: SegmentStore, r: redis.Redis
+) -> None:
+    store.add_tag("edge", step=1000, start=MAX_ID - 1500)
+    with pytest.raises(SegmentExhausted):
+        refiller.refill("edge")
+    popped = ids(r, "edge")
+    assert popped == list(range(MAX_ID - 1500, MAX_ID - 500))
+    snap = refiller.pool.snapshot("edge")
+    assert "would pass 2**63 - 1" in snap.state["last_error"]
+    assert snap.int("refill_failures") == 1
+
+
+def test_database_down_keeps_serving_from_the_reserve(
+    pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings],
+    clock: FakeClock, r: redis.Redis,
+) -> None:
+    settings = make_settings(pool_floor=1000, pool_ceiling=1000, chunk_size=500,
+                             reserve_seconds=1)
+    good = SegmentRefiller(pool, store, settings, clock=clock)
+    store.add_tag("order", step=1000)
+    good.refill("order")  # list 1000, reserve >= 1000
+    reserve_before = pool.snapshot("order").reserve_size
+    dead = SegmentStore.from_url("mysql+pymysql://u:p@127.0.0.1:1/none")
+    broken = SegmentRefiller(pool, dead, settings, clock=clock)
+    served: list[int] = []
+    with pytest.raises(BackendUnavailable):  # bounded: the reserve is finite
+        for _ in range(reserve_before // 1000 + 2):
+            served += [int(x) for x in r.lpop("leafpool:{order}:ids", 10_000) or []]
+            broken.refill("order")
+    # while the database was down the whole reserve was served, in order
+    served += [int(x) for x in r.lpop("leafpool:{order}:ids", 10_000) or []]
+    assert served == list(range(1, 1001 + reserve_before))
+    snap = pool.snapshot("order")
+    assert "database" in snap.state["last_error"]
+    assert snap.state["last_refill_result"] == "failed: BackendUnavailable"
+    # the database is back: the next refill recovers on its own
+    good.refill("order")
+    popped = [int(x) for x in r.lpop("leafpool:{order}:ids", 10_000)]
+    assert popped[0] > served[-1] and popped == list(range(popped[0], popped[0] + 1000))
