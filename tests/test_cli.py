@@ -1,0 +1,80 @@
+"""The ``leafpool`` command, run as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from leafpool.store import SegmentStore
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def cli(database_url: str, redis_url: str) -> Run:
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
+        full_env.update({"LEAFPOOL_DATABASE_URL": database_url,
+                         "LEAFPOOL_REDIS_URL": redis_url, "COLUMNS": "200",
+                         "LEAFPOOL_HOME": os.environ["LEAFPOOL_HOME"]})
+        full_env.update(env or {})
+        return subprocess.run([sys.executable, "-m", "leafpool.cli", *args], env=full_env,
+                              capture_output=True, text=True, timeout=60)
+
+    return run
+
+
+def test_schema_tags_refill_status_and_pop(cli: Run, database_url: str) -> None:
+    assert cli("db", "init").returncode == 0
+    assert "already exists" in cli("db", "init").stdout
+    added = cli("tag", "add", "order", "--step", "1000", "--start", "500",
+                "--description", "orders")
+    assert added.returncode == 0, added.stderr
+    assert cli("tag", "step", "order", "2000").returncode == 0
+    listed = json.loads(cli("tag", "list", "--json").stdout)
+    assert listed == [{"tag": "order", "max_id": 500, "step": 2000, "description": "orders"}]
+    assert cli("refill", "order").returncode == 0
+    status = json.loads(cli("status", "--json").stdout)
+    assert status[0]["tag"] == "order" and status[0]["length"] == status[0]["target"] > 0
+    table = cli("status").stdout
+    assert "order" in table and "ready/target" in table
+    popped = cli("pop", "order", "-n", "3")
+    assert popped.stdout.split() == ["500", "501", "502"]
+    assert cli("tag", "remove", "order").returncode == 0
+    assert SegmentStore.from_url(database_url).list_tags() == []
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["tag", "add", "", "--step", "10"], "tag='' is not valid"),
+    (["tag", "add", "x" * 129, "--step", "10"], "at most 128"),
+    (["tag", "add", "a:b", "--step", "10"], "allowed characters"),
+    (["tag", "add", "ok", "--step", "0"], "step=0 is not valid"),
+    (["tag", "add", "ok", "--step", "1000001"], "step=1000001 is not valid"),
+    (["tag", "step", "missing", "10"], "missing: unknown tag"),
+    (["tag", "remove", "missing"], "missing: unknown tag"),
+])
+def test_bad_input_exits_2_with_the_field_and_writes_nothing(
+    cli: Run, database_url: str, args: list[str], needle: str
+) -> None:
+    cli("db", "init")
+    result = cli(*args)
+    assert result.returncode == 2
+    assert needle in " ".join(result.stderr.split())
+    assert SegmentStore.from_url(database_url).list_tags() == []
+
+
+def test_a_malformed_environment_variable_exits_2(cli: Run) -> None:
+    result = cli("status", env={"LEAFPOOL_POOL_SECONDS": "soon"})
+    assert result.returncode == 2
+    assert "LEAFPOOL_POOL_SECONDS='soon'" in result.stderr
+
+
+def test_an_unreachable_redis_exits_1(cli: Run) -> None:
+    result = cli("status", env={"LEAFPOOL_REDIS_URL": "redis://127.0.0.1:1/0"})
+    assert result.returncode == 1
+    assert "redis" in result.stderr

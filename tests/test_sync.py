@@ -1,0 +1,70 @@
+"""Tag sync (leaf_alloc -> pools) and the sweep that queues refills."""
+
+from __future__ import annotations
+
+import redis
+from sqlalchemy import text
+
+from leafpool.pool import Pool
+from leafpool.store import SegmentStore
+from leafpool.sync import sweep, sync_tags
+
+
+def test_a_tag_inserted_by_sql_is_registered(pool: Pool, store: SegmentStore) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(text("INSERT INTO leaf_alloc(biz_tag, max_id, step) VALUES ('pay', 1, 500)"))
+    result = sync_tags(pool, store)
+    assert result.added == ["pay"] and result.total == 1
+    assert pool.is_known("pay")
+    assert pool.snapshot("pay").state["table_step"] == "500"
+    assert sync_tags(pool, store).added == []
+
+
+def test_a_tag_deleted_from_the_table_loses_its_keys(
+    pool: Pool, store: SegmentStore, r: redis.Redis
+) -> None:
+    store.add_tag("pay", step=10)
+    store.add_tag("keep", step=10)
+    sync_tags(pool, store)
+    r.rpush("leafpool:{pay}:ids", 1, 2, 3)
+    with store.engine.begin() as conn:
+        conn.execute(text("DELETE FROM leaf_alloc WHERE biz_tag = 'pay'"))
+    assert sync_tags(pool, store).removed == ["pay"]
+    assert r.keys("leafpool:{pay}:*") == []
+    assert pool.tags() == ["keep"]
+
+
+def test_sync_leaves_snowflake_tags_alone(pool: Pool, store: SegmentStore) -> None:
+    pool.register("flake", "snowflake", 0)
+    assert sync_tags(pool, store).removed == []
+    assert pool.is_known("flake")
+
+
+def test_a_step_changed_in_the_table_reaches_the_pool(
+    pool: Pool, store: SegmentStore
+) -> None:
+    store.add_tag("pay", step=10)
+    sync_tags(pool, store)
+    store.set_step("pay", 70)
+    sync_tags(pool, store)
+    assert pool.snapshot("pay").state["table_step"] == "70"
+
+
+def test_sweep_queues_new_low_and_wanted_tags_once(pool: Pool, r: redis.Redis) -> None:
+    pool.register("new", "segment", 0)
+    pool.register("full", "segment", 0, low_water=2, target=4)
+    r.rpush("leafpool:{full}:ids", 1, 2, 3)
+    pool.register("low", "segment", 0, low_water=2, target=4)
+    r.rpush("leafpool:{low}:ids", 1)
+    assert sorted(sweep(pool, 30)) == [("low", "segment", False), ("new", "segment", False)]
+    assert sweep(pool, 30) == []  # already queued
+    pool.want("full")
+    assert sweep(pool, 30) == [("full", "segment", True)]
+    pool.clear_queued("low")
+    assert sweep(pool, 30) == [("low", "segment", False)]
+
+
+def test_sweep_skips_a_tag_being_refilled(pool: Pool, r: redis.Redis) -> None:
+    pool.register("busy", "segment", 0)
+    r.set("leafpool:{busy}:lock", "token")
+    assert sweep(pool, 30) == []
