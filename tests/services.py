@@ -38,14 +38,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+def wait_until(
+    check: Callable[[], bool], timeout: float, what: str, interval: float = 0.05
+) -> None:
     """Bounded polling: a server is ready when it answers, and we cannot be told earlier."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             if check():
                 return
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:
             pass
         time.sleep(interval)
     raise TimeoutError(f"{what} not ready after {timeout}s")

@@ -98,7 +98,7 @@ def test_wait_policy_gets_the_ids_a_refill_pushes(pool: Pool, settings: Settings
 def test_wait_policy_gives_up_after_the_bound(pool: Pool, settings: Settings) -> None:
     _fill(pool, "order", None)
     client = Client(settings=settings, policy="wait", wait_seconds=0.2)
-    with pytest.raises(PoolEmpty, match="after waiting 0.200s"):
+    with pytest.raises(PoolEmpty, match=r"after waiting 0\.200s"):
         client.next_id("order")
 
 

@@ -6,6 +6,7 @@ strictly increasing IDs.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from pathlib import Path
@@ -13,8 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from leafpool.runtime import Runtime
 from leafpool.config import load_settings
+from leafpool.runtime import Runtime
 from leafpool.store import SegmentStore
 from tests import services
 from tests.proc import leafpool_env, read_ids, role
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 def assert_unique_and_ordered(per_client: list[list[int]]) -> None:
     for ids in per_client:
-        assert all(a < b for a, b in zip(ids, ids[1:])), "a client saw IDs out of order"
+        assert all(a < b for a, b in itertools.pairwise(ids)), "a client saw IDs out of order"
     everything = [i for ids in per_client for i in ids]
     assert len(everything) == len(set(everything)), "an ID was handed out twice"
 

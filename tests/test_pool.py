@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import redis
 
+from leafpool import scripts
 from leafpool.errors import StaleWrite
 from leafpool.lock import RefillLock
 from leafpool.pool import Pool, Range
-from leafpool import scripts
 
 
 def _locked(pool: Pool, tag: str) -> RefillLock:

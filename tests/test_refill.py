@@ -7,9 +7,8 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from leafpool.config import Settings
+from leafpool.config import MAX_ID, Settings
 from leafpool.errors import BackendUnavailable, SegmentExhausted, UnknownTag
-from leafpool.config import MAX_ID
 from leafpool.lock import RefillLock
 from leafpool.pool import Pool
 from leafpool.refill import SegmentRefiller

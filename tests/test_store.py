@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -65,7 +66,7 @@ def test_concurrent_allocations_never_overlap(store: SegmentStore) -> None:
     ranges.sort()
     assert len(ranges) == 100
     assert ranges[0][0] == 1 and ranges[-1][1] == 1001
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
 
 
 def test_allocation_near_the_64_bit_limit_is_exact_then_refused(store: SegmentStore) -> None:
