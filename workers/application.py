@@ -29,7 +29,13 @@ app.conf.update(
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
-    broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+    # an unacknowledged task (its worker was killed) is delivered again after the
+    # visibility timeout; sweep for such tasks often enough to notice in time
+    broker_transport_options={
+        "visibility_timeout": settings.visibility_timeout,
+        "unacked_restore_interval": max(1, min(10, settings.visibility_timeout // 3)),
+        "unacked_restore_throttle": 1,
+    },
     broker_connection_retry_on_startup=True,
     task_ignore_result=True,
     # Flower: task events with their arguments and results
