@@ -219,6 +219,17 @@ def pop(
         out.print(value)
 
 
+@app.command()
+@reports_errors
+def up(
+    tag: Annotated[str, typer.Option(help="The demo tag to register")] = "demo",
+) -> None:
+    """Bring up the embedded default (SQLite, local Redis, worker, beat) and show IDs."""
+    from leafpool.embedded import up as bring_up
+
+    bring_up(get_settings(), validate_tag(tag), say=out.print)
+
+
 def main() -> None:
     try:
         get_settings()

@@ -1,0 +1,28 @@
+"""The README is part of the contract: every setting and every Redis key is documented."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from leafpool.config import Settings
+from leafpool.keys import Keys
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def test_every_setting_is_documented() -> None:
+    missing = [f"LEAFPOOL_{name.upper()}" for name in Settings.model_fields
+               if f"`LEAFPOOL_{name.upper()}`" not in README]
+    assert missing == []
+
+
+def test_every_key_is_documented() -> None:
+    k = Keys("leafpool")
+    tag_keys = [key.replace("{t}", "{TAG}") for key in k.tag("t").all()]
+    for key in [*tag_keys, k.tags, k.wanted]:
+        assert f"`{key}`" in README, key
+
+
+def test_readme_opens_with_the_two_commands() -> None:
+    first_block = README.split("```")[1]
+    assert "./dev up" in first_block and "./dev test" in first_block
