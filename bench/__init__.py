@@ -1,0 +1,1 @@
+"""leafpool benchmarks: ``python -m bench`` (or ``./dev bench``). Not part of the tests."""

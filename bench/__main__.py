@@ -1,0 +1,118 @@
+"""``python -m bench [--quick]``: every benchmark in one run, printed as tables with
+ratios against the baselines named in the issues."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from bench import pools, servers
+from bench.measure import Result
+
+console = Console(width=140)
+
+
+def _fmt_rate(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def pop_table(results: list[Result]) -> Table:
+    table = Table(title="IDs/s and latency per call (one client process, median of "
+                        f"{pools.ROUNDS} interleaved rounds)")
+    for col in ("case", "IDs/s", "p50 us", "p99 us", "p999 us"):
+        table.add_column(col, justify="right" if col != "case" else "left")
+    for r in results:
+        table.add_row(r.name, _fmt_rate(r.ids_per_s), f"{r.pct_us(0.5):.1f}",
+                      f"{r.pct_us(0.99):.1f}", f"{r.pct_us(0.999):.1f}")
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--quick", action="store_true", help="fewer operations")
+    args = parser.parse_args()
+    single, batch = (5_000, 1_000) if args.quick else (20_000, 4_000)
+    started = time.monotonic()
+    console.print(f"leafpool benchmarks on {platform.node()} ({platform.machine()}, "
+                  f"Python {platform.python_version()})")
+
+    with servers.redis() as durable, servers.redis("--appendfsync", "everysec") as everysec:
+        results = pools.pops(durable.extra["url"], "fsync always", single, batch)
+        results += pools.pops(everysec.extra["url"], "everysec", single, batch)
+        results += pools.ticket_server(max(1000, single // 10))
+        latency, pushed = pools.latency_during_refills(durable.extra["url"], single * 2)
+        refill = pools.refill_throughput(durable.extra["url"], 300_000)
+        memory = pools.memory_per_id(durable.extra["url"])
+        many_durable = pools.redis_benchmark(durable.port)
+        many_everysec = pools.redis_benchmark(everysec.port)
+
+    console.print(pop_table(results))
+    by = {r.name: r for r in results}
+
+    def ratio(a: str, b: str) -> float:
+        return by[a].ids_per_s / by[b].ids_per_s
+
+    targets = Table(title="Targets (ratios measured in this run)")
+    for col in ("what", "measured", "target", "met"):
+        targets.add_column(col)
+    rows = []
+    for label in ("fsync always", "everysec"):
+        rows.append((f"{label}: next_id / plain LPOP",
+                     ratio(f"{label}: Client.next_id", f"{label}: LPOP (redis-py)"), 0.9))
+        rows.append((f"{label}: next_ids(100) / LPOP count 100",
+                     ratio(f"{label}: Client.next_ids(100)",
+                           f"{label}: LPOP count 100 (redis-py)"), 0.9))
+    client_rate = by["fsync always: LPOP (redis-py)"].ids_per_s
+    rows.append(("refill IDs/s / one client's LPOP IDs/s (fsync always)",
+                 refill.ids_per_s / client_rate, 10.0))
+    for name, value, target in rows:
+        targets.add_row(name, f"{value:.2f}x", f">= {target:g}x", "yes" if value >= target
+                        else "NO")
+    for r in latency:
+        p999 = r.pct_us(0.999)
+        targets.add_row(f"{r.name}: LPOP p999", f"{p999:.0f} us", "< 1000 us",
+                        "yes" if p999 < 1000 else "NO")
+    for name, pooled, bare in memory:
+        targets.add_row(f"memory per pooled ID, {name}", f"{pooled:.2f} B (bare list "
+                        f"{bare:.2f} B)", "within 10 %",
+                        "yes" if pooled <= bare * 1.1 else "NO")
+    console.print(targets)
+
+    lat = Table(title="LPOP latency while refills run (drainer takes ~200k IDs/s)")
+    for col in ("case", "IDs pushed/s meanwhile", "p50 us", "p99 us", "p999 us", "max us"):
+        lat.add_column(col)
+    for r, rate in zip(latency, pushed, strict=True):
+        lat.add_row(r.name, _fmt_rate(rate), f"{r.pct_us(0.5):.1f}", f"{r.pct_us(0.99):.1f}",
+                    f"{r.pct_us(0.999):.1f}", f"{max(r.samples_ns) / 1000:.0f}")
+    console.print(lat)
+
+    other = Table(title="Refill and durability")
+    other.add_column("what")
+    other.add_column("figure", justify="right")
+    other.add_row("one refiller, IDs pushed/s (chunk 1,000, fsync always)",
+                  _fmt_rate(refill.ids_per_s))
+    other.add_row("redis-benchmark LPOP, 50 clients, fsync always (req/s)",
+                  _fmt_rate(many_durable))
+    other.add_row("redis-benchmark LPOP, 50 clients, everysec (req/s)",
+                  _fmt_rate(many_everysec))
+    other.add_row("durability cost, 1 client: LPOP fsync always / everysec",
+                  f"{ratio('fsync always: LPOP (redis-py)', 'everysec: LPOP (redis-py)'):.2f}x")
+    other.add_row("durability cost, 50 clients: fsync always / everysec",
+                  f"{many_durable / many_everysec:.2f}x")
+    console.print(other)
+
+    try:
+        from bench import snowflake_bench
+    except ImportError:
+        snowflake_bench = None  # type: ignore[assignment]
+    if snowflake_bench is not None:
+        snowflake_bench.main() if hasattr(snowflake_bench, "main") else None
+    console.print(f"total {time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Timing helpers: throughput and latency percentiles of a callable, rounds interleaved
+so that the figures compared with each other see the same machine."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Result:
+    name: str
+    ids_per_op: int
+    samples_ns: list[int] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)  # IDs/s of each round
+
+    @property
+    def ids_per_s(self) -> float:
+        return statistics.median(self.rates) if self.rates else 0.0
+
+    def pct_us(self, q: float) -> float:
+        if not self.samples_ns:
+            return float("nan")
+        ordered = sorted(self.samples_ns)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000
+
+
+def run_round(result: Result, op: Callable[[], object], ops: int) -> None:
+    samples = result.samples_ns
+    clock = time.perf_counter_ns
+    started = clock()
+    for _ in range(ops):
+        t0 = clock()
+        op()
+        samples.append(clock() - t0)
+    elapsed = (clock() - started) / 1e9
+    result.rates.append(ops * result.ids_per_op / elapsed)
+
+
+def interleaved(cases: list[tuple[Result, Callable[[], object], int]], rounds: int,
+                before_round: Callable[[], None] | None = None) -> list[Result]:
+    for _ in range(rounds):
+        if before_round:
+            before_round()
+        for result, op, ops in cases:
+            run_round(result, op, ops)
+    return [c[0] for c in cases]

@@ -1,0 +1,204 @@
+"""Pool benchmarks (issue: segment-mode pools). Every figure in one run, side by side:
+
+- pops: plain LPOP, LPOP 100, Client.next_id, Client.next_ids(100), Redis INCR, and a
+  MariaDB Flickr-style ticket server, on the shipped Redis config (appendfsync always)
+  and on appendfsync everysec;
+- LPOP latency while refills run continuously, at chunk sizes 1,000 and 10,000;
+- refill throughput of one refiller, against what one client pops;
+- Redis memory per pooled ID against a bare list of the same IDs;
+- the durability cost with many clients (redis-benchmark, 50 connections).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pymysql
+import redis
+
+from bench import servers
+from bench.measure import Result, interleaved
+from leafpool.client import Client
+from leafpool.config import load_settings
+from leafpool.lock import RefillLock
+from leafpool.pool import Pool, Range
+from leafpool.refill import SegmentRefiller
+from leafpool.store import SegmentStore
+
+TAG = "bench"
+IDS_KEY = f"leafpool:{{{TAG}}}:ids"
+ROUNDS = 3
+
+
+def prefill(r: redis.Redis, count: int, start: int = 1_000_000) -> None:
+    """Fill the bench pool fast (setup, not measured)."""
+    r.delete(IDS_KEY)
+    batch = 10_000
+    pipe = r.pipeline(transaction=False)
+    for lo in range(start, start + count, batch):
+        pipe.rpush(IDS_KEY, *range(lo, min(lo + batch, start + count)))
+        if len(pipe) >= 20:
+            pipe.execute()
+    pipe.execute()
+
+
+def pops(url: str, label: str, single_ops: int, batch_ops: int) -> list[Result]:
+    r = redis.Redis.from_url(url)
+    Pool(r).register(TAG, "segment", 0)
+    client = Client(r, settings=load_settings(redis_url=url), policy="raise")
+    cases: list[tuple[Result, Callable[[], object], int]] = [
+        (Result(f"{label}: LPOP (redis-py)", 1), lambda: r.lpop(IDS_KEY), single_ops),
+        (Result(f"{label}: Client.next_id", 1), lambda: client.next_id(TAG), single_ops),
+        (Result(f"{label}: LPOP count 100 (redis-py)", 100), lambda: r.lpop(IDS_KEY, 100),
+         batch_ops),
+        (Result(f"{label}: Client.next_ids(100)", 100), lambda: client.next_ids(TAG, 100),
+         batch_ops),
+        (Result(f"{label}: INCR (not durable as an ID source)", 1),
+         lambda: r.incr("bench:counter"), single_ops),
+    ]
+    need = 2 * single_ops + 2 * 100 * batch_ops + 1000
+    return interleaved(cases, ROUNDS, before_round=lambda: prefill(r, need))
+
+
+def ticket_server(ops: int) -> list[Result]:
+    with servers.mariadb() as db:
+        conn = pymysql.connect(host="127.0.0.1", port=db.port, user="leafpool",
+                               password="leafpool", database="leafpool", autocommit=True)
+        with conn.cursor() as cur:
+            cur.execute("CREATE TABLE tickets64 (id bigint unsigned NOT NULL auto_increment,"
+                        " stub char(1) NOT NULL default '', PRIMARY KEY (id),"
+                        " UNIQUE KEY stub (stub)) ENGINE=InnoDB")
+        cur = conn.cursor()
+
+        def ticket() -> int:
+            cur.execute("REPLACE INTO tickets64 (stub) VALUES ('a')")
+            cur.execute("SELECT LAST_INSERT_ID()")
+            return int(cur.fetchone()[0])  # type: ignore[index]
+
+        result = interleaved([(Result("MariaDB ticket server (REPLACE INTO + "
+                                      "LAST_INSERT_ID)", 1), ticket, ops)], ROUNDS)
+        conn.close()
+        return result
+
+
+def _refiller_env(url: str, db_url: str, chunk: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
+    env.update({"LEAFPOOL_REDIS_URL": url, "LEAFPOOL_DATABASE_URL": db_url,
+                "LEAFPOOL_CHUNK_SIZE": str(chunk), "LEAFPOOL_POOL_FLOOR": "200000",
+                "LEAFPOOL_POOL_CEILING": "200000", "LEAFPOOL_LOW_WATER_RATIO": "0.9",
+                "LEAFPOOL_HOME": tempfile.mkdtemp(prefix="leafpool-bench-"),
+                "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    return env
+
+
+DRAINER = """
+import sys, time, redis
+r = redis.Redis.from_url(sys.argv[1]); key = sys.argv[2]
+while True:
+    r.lpop(key, 1000)
+    time.sleep(0.005)
+"""
+
+
+def latency_during_refills(url: str, ops: int) -> tuple[list[Result], list[float]]:
+    """LPOP latency with no refill, then with refills at chunk 1,000 and 10,000 running
+    continuously (a drainer takes ~200k IDs/s so the refiller never rests)."""
+    r = redis.Redis.from_url(url)
+    results: list[Result] = []
+    pushed_rates: list[float] = []
+    home = tempfile.mkdtemp(prefix="leafpool-bench-")
+    for chunk in (0, 1000, 10_000):
+        tag = f"busy{chunk}"
+        key = f"leafpool:{{{tag}}}:ids"
+        procs: list[subprocess.Popen[bytes]] = []
+        if chunk:
+            db_url = f"sqlite:///{home}/chunk{chunk}.sqlite3"
+            store = SegmentStore.from_url(db_url)
+            store.init_schema()
+            store.add_tag(tag, step=100_000)
+            env = _refiller_env(url, db_url, chunk)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tests.procs", "refiller", tag], env=env,
+                stdout=subprocess.DEVNULL, cwd=env["PYTHONPATH"]))
+            procs.append(subprocess.Popen([sys.executable, "-c", DRAINER, url, key]))
+            deadline = time.monotonic() + 30
+            while r.llen(key) < 100_000 and time.monotonic() < deadline:
+                time.sleep(0.05)  # waiting for the first fill
+        prefill(r, ops + 1000)
+        before = int(r.hget(f"leafpool:{{{tag}}}:state", "pushed_total") or 0)
+        t0 = time.monotonic()
+        name = f"LPOP during refills, chunk {chunk:,}" if chunk else "LPOP, no refill running"
+        results += interleaved([(Result(name, 1), lambda: r.lpop(IDS_KEY), ops)], 1)
+        after = int(r.hget(f"leafpool:{{{tag}}}:state", "pushed_total") or 0)
+        pushed_rates.append((after - before) / (time.monotonic() - t0))
+        for p in procs:
+            p.kill()
+            p.wait()
+    shutil.rmtree(home, ignore_errors=True)
+    return results, pushed_rates
+
+
+def refill_throughput(url: str, target: int) -> Result:
+    """IDs pushed per second by one in-process refiller filling an empty pool."""
+    home = tempfile.mkdtemp(prefix="leafpool-bench-")
+    settings = load_settings(redis_url=url, database_url=f"sqlite:///{home}/r.sqlite3",
+                             pool_floor=target, pool_ceiling=target, chunk_size=1000,
+                             reserve_seconds=1)
+    store = SegmentStore.from_url(settings.database_url)
+    store.init_schema()
+    store.add_tag("refill", step=1_000_000)
+    r = redis.Redis.from_url(url)
+    refiller = SegmentRefiller(Pool(r), store, settings)
+    refiller.refill("refill")  # warm up: segments in the reserve
+    result = Result("refill: IDs pushed/s by one refiller (chunk 1,000)", 1)
+    for _ in range(ROUNDS):
+        r.delete("leafpool:{refill}:ids")
+        t0 = time.perf_counter()
+        pushed = refiller.refill("refill").pushed
+        result.rates.append(pushed / (time.perf_counter() - t0))
+    shutil.rmtree(home, ignore_errors=True)
+    return result
+
+
+def memory_per_id(url: str, count: int = 100_000) -> list[tuple[str, float, float]]:
+    """Bytes per pooled ID (MEMORY USAGE / LLEN): the pool vs a bare list of the same IDs."""
+    r = redis.Redis.from_url(url)
+    pool = Pool(r)
+    out = []
+    for digits, start in ((7, 1_000_000), (19, 1_000_000_000_000_000_000)):
+        tag = f"mem{digits}"
+        r.delete(*pool.tag(tag).all(), "bench:bare")
+        pool.register(tag, "segment", 0)
+        lock = RefillLock(r, pool.tag(tag).lock, 60_000)
+        assert lock.acquire()
+        pool.append_reserve(tag, lock.token, Range(start, start + count))
+        for lo in range(start, start + count, 1000):
+            pool.push(tag, lock.token, Range(lo, start + count), 1000, 0)
+        lock.release()
+        for lo in range(start, start + count, 10_000):
+            r.rpush("bench:bare", *[str(i) for i in range(lo, lo + 10_000)])
+        pooled = r.memory_usage(pool.tag(tag).ids, samples=0) / r.llen(pool.tag(tag).ids)
+        bare = r.memory_usage("bench:bare", samples=0) / r.llen("bench:bare")
+        out.append((f"{digits}-digit IDs", pooled, bare))
+    return out
+
+
+def redis_benchmark(port: int) -> float:
+    """LPOP requests/s with 50 connections (redis-benchmark), after it fills its list."""
+    binary = shutil.which("redis-benchmark")
+    if binary is None:
+        return float("nan")
+    proc = subprocess.run([binary, "-p", str(port), "-q", "-n", "100000", "-c", "50",
+                           "-t", "lpush,lpop"], capture_output=True, text=True, timeout=300)
+    for line in proc.stdout.replace("\r", "\n").splitlines():
+        # final line: "LPOP: 98039.22 requests per second, p50=0.263 msec"
+        if line.startswith("LPOP:") and "requests per second" in line:
+            return float(line.split()[1])
+    return float("nan")
