@@ -31,6 +31,14 @@ def pop_table(results: list[Result]) -> Table:
     return table
 
 
+def snowflake_section() -> None:
+    try:
+        from bench import snowflake_bench  # type: ignore[attr-defined]
+    except ImportError:
+        return
+    snowflake_bench.main()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--quick", action="store_true", help="fewer operations")
@@ -44,7 +52,12 @@ def main() -> None:
         results = pools.pops(durable.extra["url"], "fsync always", single, batch)
         results += pools.pops(everysec.extra["url"], "everysec", single, batch)
         results += pools.ticket_server(max(1000, single // 10))
-        latency, pushed = pools.latency_during_refills(durable.extra["url"], single * 2)
+        latency, pushed = pools.latency_during_refills(durable.extra["url"], single * 2,
+                                                       "fsync always")
+        lat2, pushed2 = pools.latency_during_refills(everysec.extra["url"], single * 2,
+                                                     "everysec")
+        latency += lat2
+        pushed += pushed2
         refill = pools.refill_throughput(durable.extra["url"], 300_000)
         memory = pools.memory_per_id(durable.extra["url"])
         many_durable = pools.redis_benchmark(durable.port)
@@ -82,7 +95,7 @@ def main() -> None:
                         "yes" if pooled <= bare * 1.1 else "NO")
     console.print(targets)
 
-    lat = Table(title="LPOP latency while refills run (drainer takes ~200k IDs/s)")
+    lat = Table(title="LPOP latency while refills run (a drainer takes ~200k IDs/s)")
     for col in ("case", "IDs pushed/s meanwhile", "p50 us", "p99 us", "p999 us", "max us"):
         lat.add_column(col)
     for r, rate in zip(latency, pushed, strict=True):
@@ -105,12 +118,7 @@ def main() -> None:
                   f"{many_durable / many_everysec:.2f}x")
     console.print(other)
 
-    try:
-        from bench import snowflake_bench
-    except ImportError:
-        snowflake_bench = None  # type: ignore[assignment]
-    if snowflake_bench is not None:
-        snowflake_bench.main() if hasattr(snowflake_bench, "main") else None
+    snowflake_section()
     console.print(f"total {time.monotonic() - started:.0f} s")
 
 

@@ -102,19 +102,22 @@ DRAINER = """
 import sys, time, redis
 r = redis.Redis.from_url(sys.argv[1]); key = sys.argv[2]
 while True:
-    r.lpop(key, 1000)
-    time.sleep(0.005)
+    r.lpop(key, 10000)
+    time.sleep(0.05)
 """
 
 
-def latency_during_refills(url: str, ops: int) -> tuple[list[Result], list[float]]:
-    """LPOP latency with no refill, then with refills at chunk 1,000 and 10,000 running
-    continuously (a drainer takes ~200k IDs/s so the refiller never rests)."""
+CHUNKS = (0, 100, 1000, 10_000)
+
+
+def latency_during_refills(url: str, ops: int, label: str) -> tuple[list[Result], list[float]]:
+    """LPOP latency with no refill, then with refills running continuously at each chunk
+    size (a drainer takes ~200k IDs/s in LPOPs of 10,000, so the refiller never rests)."""
     r = redis.Redis.from_url(url)
     results: list[Result] = []
     pushed_rates: list[float] = []
     home = tempfile.mkdtemp(prefix="leafpool-bench-")
-    for chunk in (0, 1000, 10_000):
+    for chunk in CHUNKS:
         tag = f"busy{chunk}"
         key = f"leafpool:{{{tag}}}:ids"
         procs: list[subprocess.Popen[bytes]] = []
@@ -134,7 +137,8 @@ def latency_during_refills(url: str, ops: int) -> tuple[list[Result], list[float
         prefill(r, ops + 1000)
         before = int(r.hget(f"leafpool:{{{tag}}}:state", "pushed_total") or 0)
         t0 = time.monotonic()
-        name = f"LPOP during refills, chunk {chunk:,}" if chunk else "LPOP, no refill running"
+        name = (f"{label}: LPOP during refills, chunk {chunk:,}" if chunk
+                else f"{label}: LPOP, no refill running")
         results += interleaved([(Result(name, 1), lambda: r.lpop(IDS_KEY), ops)], 1)
         after = int(r.hget(f"leafpool:{{{tag}}}:state", "pushed_total") or 0)
         pushed_rates.append((after - before) / (time.monotonic() - t0))
