@@ -132,3 +132,27 @@ def test_refills_recover_on_their_own_when_the_database_returns(
         assert error and b"database" in error
     finally:
         db.stop()
+
+
+def test_a_second_beat_stands_by_and_takes_over_when_the_first_goes(
+    redis_url: str, r: redis.Redis, tmp_path: Path, procs: list[Proc]
+) -> None:
+    env = leafpool_env(redis_url=redis_url, sweep_seconds=0.5,
+                       database_url=f"sqlite:///{tmp_path / 'db.sqlite3'}")
+    first_dir, second_dir = tmp_path / "a", tmp_path / "b"
+    first_dir.mkdir()
+    second_dir.mkdir()
+    first = beat(env, first_dir)
+    procs.append(first)
+    services.wait_until(lambda: bool(r.exists("leafpool:beat:lock")), 60, "first beat's lock")
+    holder = r.get("leafpool:beat:lock")
+    second = beat(env, second_dir)
+    procs.append(second)
+    log = second_dir / "beat.log"
+    services.wait_until(lambda: "ANOTHER BEAT IS RUNNING" in log.read_text(), 60,
+                        "second beat standing by")
+    assert r.get("leafpool:beat:lock") == holder
+    first.kill()  # SIGKILL: its lock expires on its own
+    services.wait_until(lambda: "holds the beat lock" in log.read_text(), 60,
+                        "second beat taking over")
+    assert r.get("leafpool:beat:lock") != holder

@@ -43,6 +43,7 @@ app.conf.update(
     task_send_sent_event=True,
     task_serializer="json",
     accept_content=["json"],
+    beat_scheduler="workers.beat:LockedScheduler",
     beat_schedule={
         "leafpool-sweep": {
             "task": "leafpool.sweep",

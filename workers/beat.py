@@ -1,0 +1,70 @@
+"""A beat scheduler that holds a Redis lock: with two beats started by mistake, one sends
+the schedules and the other stands by (and says so loudly) until the first goes away.
+
+Even without it, two beats would break nothing (the sweep marks each queued refill, the
+tag sync is idempotent); the lock keeps the queues free of doubled control tasks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from typing import Any
+
+from celery.beat import PersistentScheduler
+from redis.exceptions import LockError
+
+from leafpool.keys import Keys
+from leafpool.redis_conn import connect
+from workers.application import settings
+
+log = logging.getLogger(__name__)
+
+LOCK_TTL_SECONDS = 15.0
+STANDBY_POLL_SECONDS = 2.0
+
+
+class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._redis = connect(settings.redis_url)
+        self._lock = self._redis.lock(Keys(settings.key_prefix).beat_lock,
+                                      timeout=LOCK_TTL_SECONDS, blocking=False,
+                                      thread_local=False)
+        self._active = False
+        self._identity = f"{socket.gethostname()}"
+
+    def _hold(self) -> bool:
+        try:
+            if self._active:
+                try:
+                    self._lock.extend(LOCK_TTL_SECONDS, replace_ttl=True)
+                    return True
+                except LockError:
+                    self._active = False
+                    log.error("beat on %s: lost the beat lock; standing by", self._identity)
+            if self._lock.acquire(blocking=False):
+                self._active = True
+                log.warning("beat on %s: holds the beat lock, sending schedules",
+                            self._identity)
+                return True
+        except Exception as exc:
+            log.error("beat on %s: cannot reach Redis for the beat lock: %s",
+                      self._identity, exc)
+            return False
+        log.error("beat on %s: ANOTHER BEAT IS RUNNING (lock %s held); this one stands by",
+                  self._identity, Keys(settings.key_prefix).beat_lock)
+        return False
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        if not self._hold():
+            return STANDBY_POLL_SECONDS
+        interval = float(super().tick(*args, **kwargs))
+        return min(interval, LOCK_TTL_SECONDS / 3)
+
+    def close(self) -> None:
+        if self._active:
+            with contextlib.suppress(LockError):
+                self._lock.release()
+        super().close()
