@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from leafpool.config import get_settings
-from leafpool.errors import InvalidInput, LeafpoolError, TagExists, UnknownTag
+from leafpool.errors import InvalidArgument, InvalidInput, LeafpoolError, TagExists, UnknownTag
 from leafpool.runtime import Runtime
 from leafpool.status import age, pool_status
 from leafpool.tags import validate_tag
@@ -72,10 +72,10 @@ def db_init() -> None:
 
 # -- tags -----------------------------------------------------------------------------
 
-def _register(rt: Runtime, tag: str, step: int) -> None:
+def _register(rt: Runtime, tag: str, mode: str, **fields: object) -> None:
     """Tell the pool at once; if Redis is down the beat's tag sync does it later."""
     try:
-        rt.pool.register(tag, "segment", int(time.time() * 1000), table_step=step)
+        rt.pool.register(tag, mode, int(time.time() * 1000), **fields)
     except LeafpoolError as exc:
         err.print(f"warning: {tag}: not registered in Redis now ({exc}); "
                   "the tag sync will pick it up", highlight=False)
@@ -85,14 +85,27 @@ def _register(rt: Runtime, tag: str, step: int) -> None:
 @reports_errors
 def tag_add(
     tag: str,
-    step: Annotated[int, typer.Option(help="IDs per database segment (1..1,000,000)")],
-    start: Annotated[int, typer.Option(help="The first ID handed out")] = 1,
+    mode: Annotated[str, typer.Option(help="segment or snowflake")] = "segment",
+    step: Annotated[int | None, typer.Option(
+        help="segment: IDs per database segment (1..1,000,000)")] = None,
+    start: Annotated[int, typer.Option(help="segment: the first ID handed out")] = 1,
     description: Annotated[str | None, typer.Option(help="Free text")] = None,
 ) -> None:
-    """Add a segment tag."""
+    """Add a tag: segment mode (needs --step) or snowflake mode."""
     rt = _runtime()
+    if mode == "snowflake":
+        if step is not None:
+            raise InvalidArgument("step", step, "not used by snowflake tags; leave it out")
+        rt.store.add_snowflake_tag(tag, description)
+        _register(rt, tag, "snowflake")
+        out.print(f"{tag}: added (snowflake)")
+        return
+    if mode != "segment":
+        raise InvalidArgument("mode", mode, "segment or snowflake")
+    if step is None:
+        raise InvalidArgument("step", None, "required for segment tags: 1 to 1,000,000")
     rt.store.add_tag(tag, step, start, description)
-    _register(rt, tag, step)
+    _register(rt, tag, "segment", table_step=step)
     out.print(f"{tag}: added (step {step}, first ID {start})")
 
 
@@ -101,14 +114,18 @@ def tag_add(
 def tag_list(
     as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,
 ) -> None:
-    """List the tags in leaf_alloc."""
-    rows = _runtime().store.list_tags()
+    """List the tags: leaf_alloc (segment) and leafpool_snowflake_tag (snowflake)."""
+    store = _runtime().store
+    rows: list[dict[str, object]] = [{"mode": "segment", **r.__dict__}
+                                     for r in store.list_tags()]
+    rows += [{"mode": "snowflake", "tag": t} for t in store.list_snowflake_tags()]
     if as_json:
-        out.print_json(json.dumps([r.__dict__ for r in rows]))
+        out.print_json(json.dumps(rows))
         return
-    table = Table("tag", "max_id", "step", "description")
+    table = Table("tag", "mode", "max_id", "step", "description")
     for r in rows:
-        table.add_row(r.tag, str(r.max_id), str(r.step), r.description or "")
+        table.add_row(str(r["tag"]), str(r["mode"]), str(r.get("max_id", "-")),
+                      str(r.get("step", "-")), str(r.get("description") or ""))
     out.print(table)
 
 
@@ -127,10 +144,11 @@ def tag_step(tag: str, step: int) -> None:
 @tag_app.command("remove")
 @reports_errors
 def tag_remove(tag: str) -> None:
-    """Remove a tag from leaf_alloc and drop its pool."""
+    """Remove a tag from the database and drop its pool."""
     validate_tag(tag)
     rt = _runtime()
-    rt.store.remove_tag(tag)
+    if not rt.store.remove_snowflake_tag(tag):
+        rt.store.remove_tag(tag)
     try:
         rt.pool.drop(tag)
     except LeafpoolError as exc:

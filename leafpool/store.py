@@ -59,6 +59,15 @@ leaf_alloc = Table(
     Column("update_time", DateTime, nullable=False, server_default=func.current_timestamp()),
 )
 
+# leafpool's own table (not Leaf's): the tags served in snowflake mode.
+snowflake_tag = Table(
+    "leafpool_snowflake_tag",
+    metadata,
+    Column("biz_tag", String(128), primary_key=True, nullable=False),
+    Column("description", String(256), nullable=True),
+    Column("create_time", DateTime, nullable=False, server_default=func.current_timestamp()),
+)
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -160,13 +169,47 @@ class SegmentStore:
         return (Path(__file__).parent / "sql" / name).read_text()
 
     def init_schema(self) -> bool:
-        """Create ``leaf_alloc`` with Leaf's DDL unless it exists; True when created."""
+        """Create ``leaf_alloc`` with Leaf's DDL unless it exists (True when created), and
+        leafpool's own ``leafpool_snowflake_tag``."""
         with self._tx("schema check") as conn:
+            snowflake_tag.create(conn, checkfirst=True)
             if inspect(conn).has_table("leaf_alloc"):
                 return False
             conn.execute(text(self.ddl()))
         log.info("leaf_alloc created (%s)", self.dialect)
         return True
+
+    # -- snowflake tags -----------------------------------------------------------------
+
+    def add_snowflake_tag(self, tag: str, description: str | None = None) -> None:
+        validate_tag(tag)
+        if description is not None and len(description) > 256:
+            raise InvalidArgument("description", description, "at most 256 characters")
+        if self._segment_exists(tag):
+            raise TagExists(tag)
+        try:
+            with self._tx(f"{tag}: insert snowflake tag") as conn:
+                conn.execute(snowflake_tag.insert().values(biz_tag=tag, description=description))
+        except IntegrityError as exc:
+            raise TagExists(tag) from exc
+
+    def list_snowflake_tags(self) -> list[str]:
+        with self._tx("list snowflake tags") as conn:
+            if not inspect(conn).has_table("leafpool_snowflake_tag"):
+                return []
+            rows = conn.execute(select(snowflake_tag.c.biz_tag).order_by(snowflake_tag.c.biz_tag))
+            return [r.biz_tag for r in rows]
+
+    def remove_snowflake_tag(self, tag: str) -> bool:
+        with self._tx(f"{tag}: delete snowflake tag") as conn:
+            result = conn.execute(snowflake_tag.delete().where(snowflake_tag.c.biz_tag == tag))
+            return bool(result.rowcount)
+
+    def _segment_exists(self, tag: str) -> bool:
+        with self._tx(f"{tag}: read") as conn:
+            return conn.execute(
+                select(leaf_alloc.c.biz_tag).where(leaf_alloc.c.biz_tag == tag)
+            ).first() is not None
 
     # -- tags ---------------------------------------------------------------------------
 
@@ -179,6 +222,8 @@ class SegmentStore:
         validate_start(start, step)
         if description is not None and len(description) > 256:
             raise InvalidArgument("description", description, "at most 256 characters")
+        if tag in self.list_snowflake_tags():
+            raise TagExists(tag)
         try:
             with self._tx(f"{tag}: insert") as conn:
                 conn.execute(

@@ -33,11 +33,13 @@ class SyncResult:
 def sync_tags(
     pool: Pool, store: SegmentStore, clock: Callable[[], float] = time.time
 ) -> SyncResult:
-    """Make the pool's segment tags match ``leaf_alloc``."""
+    """Make the pool's tags match the database: segment tags ``leaf_alloc``, snowflake
+    tags ``leafpool_snowflake_tag``."""
     rows = store.list_tags()  # raises BackendUnavailable: then nothing is removed
+    snowflakes = set(store.list_snowflake_tags())
     in_db = {r.tag: r for r in rows}
     now_ms = int(clock() * 1000)
-    result = SyncResult(total=len(in_db))
+    result = SyncResult(total=len(in_db) + len(snowflakes))
     known = pool.tags()
     snaps = {s.tag: s for s in pool.snapshots(known)}
     for tag, row in in_db.items():
@@ -48,12 +50,19 @@ def sync_tags(
             log.info("%s: tag found in leaf_alloc, pool registered", tag)
         elif snap.state.get("table_step") != str(row.step):
             pool.record(tag, table_step=row.step)
+    for tag in sorted(snowflakes - set(in_db)):
+        snap = snaps.get(tag)
+        if snap is None or not snap.known:
+            pool.register(tag, "snowflake", now_ms)
+            result.added.append(tag)
+            log.info("%s: snowflake tag registered", tag)
     for tag in known:
-        snap = snaps[tag]
-        if tag not in in_db and snap.state.get("mode", "segment") == "segment":
+        mode = snaps[tag].state.get("mode", "segment")
+        gone = tag not in in_db if mode == "segment" else tag not in snowflakes
+        if gone:
             pool.drop(tag)
             result.removed.append(tag)
-            log.info("%s: tag gone from leaf_alloc, pool removed", tag)
+            log.info("%s: %s tag gone from the database, pool removed", tag, mode)
     return result
 
 

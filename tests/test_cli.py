@@ -37,7 +37,8 @@ def test_schema_tags_refill_status_and_pop(cli: Run, database_url: str) -> None:
     assert added.returncode == 0, added.stderr
     assert cli("tag", "step", "order", "2000").returncode == 0
     listed = json.loads(cli("tag", "list", "--json").stdout)
-    assert listed == [{"tag": "order", "max_id": 500, "step": 2000, "description": "orders"}]
+    assert listed == [{"mode": "segment", "tag": "order", "max_id": 500, "step": 2000,
+                       "description": "orders"}]
     assert cli("refill", "order").returncode == 0
     status = json.loads(cli("status", "--json").stdout)
     assert status[0]["tag"] == "order" and status[0]["length"] == status[0]["target"] > 0
@@ -55,6 +56,9 @@ def test_schema_tags_refill_status_and_pop(cli: Run, database_url: str) -> None:
     (["tag", "add", "a:b", "--step", "10"], "allowed characters"),
     (["tag", "add", "ok", "--step", "0"], "step=0 is not valid"),
     (["tag", "add", "ok", "--step", "1000001"], "step=1000001 is not valid"),
+    (["tag", "add", "ok"], "step=None is not valid: required for segment tags"),
+    (["tag", "add", "ok", "--mode", "uuid"], "mode='uuid' is not valid"),
+    (["tag", "add", "ok", "--mode", "snowflake", "--step", "5"], "not used by snowflake"),
     (["tag", "step", "missing", "10"], "missing: unknown tag"),
     (["tag", "remove", "missing"], "missing: unknown tag"),
 ])
@@ -78,3 +82,16 @@ def test_an_unreachable_redis_exits_1(cli: Run) -> None:
     result = cli("status", env={"LEAFPOOL_REDIS_URL": "redis://127.0.0.1:1/0"})
     assert result.returncode == 1
     assert "redis" in result.stderr
+
+
+def test_snowflake_tags_are_declared_listed_and_removed(cli: Run, database_url: str) -> None:
+    cli("db", "init")
+    added = cli("tag", "add", "flake", "--mode", "snowflake")
+    assert added.returncode == 0, added.stderr
+    listed = json.loads(cli("tag", "list", "--json").stdout)
+    assert listed == [{"mode": "snowflake", "tag": "flake"}]
+    status = json.loads(cli("status", "--json").stdout)
+    assert [(s["tag"], s["mode"]) for s in status] == [("flake", "snowflake")]
+    assert cli("tag", "add", "flake", "--step", "10").returncode == 2  # one name, one tag
+    assert cli("tag", "remove", "flake").returncode == 0
+    assert SegmentStore.from_url(database_url).list_snowflake_tags() == []

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import redis
 from sqlalchemy import text
 
+from leafpool.errors import TagExists
 from leafpool.pool import Pool
 from leafpool.store import SegmentStore
 from leafpool.sync import sweep, sync_tags
@@ -34,10 +36,23 @@ def test_a_tag_deleted_from_the_table_loses_its_keys(
     assert pool.tags() == ["keep"]
 
 
-def test_sync_leaves_snowflake_tags_alone(pool: Pool, store: SegmentStore) -> None:
-    pool.register("flake", "snowflake", 0)
+def test_snowflake_tags_come_and_go_with_their_table(pool: Pool, store: SegmentStore) -> None:
+    store.add_snowflake_tag("flake")
+    assert sync_tags(pool, store).added == ["flake"]
+    assert pool.mode("flake") == "snowflake"
     assert sync_tags(pool, store).removed == []
-    assert pool.is_known("flake")
+    store.remove_snowflake_tag("flake")
+    assert sync_tags(pool, store).removed == ["flake"]
+    assert not pool.is_known("flake")
+
+
+def test_one_name_is_one_tag_across_modes(store: SegmentStore) -> None:
+    store.add_tag("order", step=10)
+    with pytest.raises(TagExists):
+        store.add_snowflake_tag("order")
+    store.add_snowflake_tag("flake")
+    with pytest.raises(TagExists):
+        store.add_tag("flake", step=10)
 
 
 def test_a_step_changed_in_the_table_reaches_the_pool(
