@@ -82,7 +82,11 @@ class SegmentExhausted(LeafpoolError):
 
 class StaleWrite(LeafpoolError):
     """A refill write was refused: lost lock, stale reserve head, or IDs not above the
-    tag's high-water mark. Nothing was written."""
+    tag's high-water mark. Nothing was written. ``code`` is the script's refusal code."""
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        self.code = code
+        super().__init__(message)
 
 
 class ClockMovedBackwards(LeafpoolError):

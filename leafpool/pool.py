@@ -96,6 +96,7 @@ class Pool:
         self._push = client.register_script(scripts.source("push_ids"))
         self._append = client.register_script(scripts.source("append_reserve"))
         self._take = client.register_script(scripts.source("take_reserve"))
+        self._fresh = client.register_script(scripts.source("push_fresh"))
 
     def tag(self, tag: str) -> TagKeys:
         return self.keys.tag(tag)
@@ -226,7 +227,18 @@ class Pool:
             ))
         if result < 0:
             raise StaleWrite(f"{tag}: push of {count} IDs from {head.encode()} refused: "
-                             f"{scripts.REFUSALS[result]}")
+                             f"{scripts.REFUSALS[result]}", code=result)
+        return result
+
+    def push_fresh(self, tag: str, token: bytes, ids: Sequence[int], now_ms: int) -> int:
+        """Push freshly generated, strictly increasing IDs (snowflake mode)."""
+        k = self.tag(tag)
+        with redis_errors(f"{tag}: push"):
+            result = int(self._fresh(keys=[k.ids, k.state, k.lock],
+                                     args=[token, now_ms, *map(str, ids)]))
+        if result < 0:
+            raise StaleWrite(f"{tag}: push of {len(ids)} IDs from {ids[0]} refused: "
+                             f"{scripts.REFUSALS[result]}", code=result)
         return result
 
     def append_reserve(
@@ -244,7 +256,7 @@ class Pool:
             ))
         if result < 0:
             raise StaleWrite(f"{tag}: reserve range {segment.encode()} refused: "
-                             f"{scripts.REFUSALS[result]}")
+                             f"{scripts.REFUSALS[result]}", code=result)
         return result
 
     def take_reserve(self, tag: str, head: Range, count: int) -> int:

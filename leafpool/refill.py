@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -41,6 +42,7 @@ class RefillResult:
     target: int = 0
     step: int = 0
     segments: list[str] = field(default_factory=list)
+    worker_id: int | None = None
     skipped: str = ""
 
     def as_dict(self) -> dict[str, object]:
@@ -53,19 +55,30 @@ class RefillResult:
         return f"pushed {self.pushed}, length {self.length}/{self.target}, step {self.step}{segs}"
 
 
-class SegmentRefiller:
-    """Refills segment tags. One instance per process; safe to call for any tag."""
+@dataclass(frozen=True)
+class Measure:
+    """Consumption rate and the targets derived from it (protocol steps 1-2)."""
+
+    rate: float
+    consumed_total: int
+    target: int
+    low_water: int
+
+
+class Refiller(ABC):
+    """One refill at a time per tag: the lock, the measurement, the failure record.
+    Subclasses fill the list from their source in :meth:`_refill_locked`."""
+
+    mode: str
 
     def __init__(
         self,
         pool: Pool,
-        store: SegmentStore,
         settings: Settings,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = pool
-        self.store = store
         self.settings = settings
         self._clock = clock
         self._monotonic = monotonic
@@ -84,10 +97,17 @@ class SegmentRefiller:
             return RefillResult(tag, skipped="locked")
         with lock:
             try:
-                result = self._refill_locked(tag, lock, force)
+                snap = self._ensure_known(tag)
+                mode = snap.state.get("mode", "segment")
+                if mode != self.mode:
+                    return RefillResult(tag, skipped=f"mode is {mode}")
+                result = self._refill_locked(snap, lock, force)
             except LeafpoolError as exc:
                 self._record_failure(tag, exc)
                 raise
+            self.pool.record(tag, last_refill_ms=self._now_ms(),
+                             last_refill_result=f"ok +{result.pushed}")
+            self.pool.count(tag, "refills")
         log.info("%s: refill %s", tag, result.summary())
         return result
 
@@ -101,6 +121,46 @@ class SegmentRefiller:
         except BackendUnavailable:
             pass  # Redis itself is down; the exception already says so
 
+    def _measure(self, snap: Snapshot, pool_seconds: float) -> Measure:
+        """Smooth the consumption rate and record it with the targets."""
+        s = self.settings
+        now = self._clock()
+        consumed_total = snap.int("pushed_total") - snap.length
+        rate = snap.float("rate")
+        if "rate_ts_ms" in snap.state:
+            elapsed = now - snap.int("rate_ts_ms") / 1000
+            rate = smooth_rate(rate, consumed_total - snap.int("rate_consumed"), elapsed,
+                               s.rate_smoothing)
+        target = pool_target(rate, pool_seconds, s.pool_floor, s.pool_ceiling)
+        low_water = math.ceil(target * s.low_water_ratio)
+        self.pool.record(snap.tag, rate=f"{rate:.3f}", rate_ts_ms=int(now * 1000),
+                         rate_consumed=consumed_total, target=target, low_water=low_water)
+        return Measure(rate, consumed_total, target, low_water)
+
+    @abstractmethod
+    def _ensure_known(self, tag: str) -> Snapshot: ...
+
+    @abstractmethod
+    def _refill_locked(self, snap: Snapshot, lock: RefillLock, force: bool) -> RefillResult:
+        ...
+
+
+class SegmentRefiller(Refiller):
+    """Refills segment tags. One instance per process; safe to call for any tag."""
+
+    mode = "segment"
+
+    def __init__(
+        self,
+        pool: Pool,
+        store: SegmentStore,
+        settings: Settings,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(pool, settings, clock, monotonic)
+        self.store = store
+
     def _ensure_known(self, tag: str) -> Snapshot:
         snap = self.pool.snapshot(tag)
         if snap.known:
@@ -109,28 +169,14 @@ class SegmentRefiller:
         self.pool.register(tag, "segment", self._now_ms(), table_step=row.step)
         return self.pool.snapshot(tag)
 
-    def _refill_locked(self, tag: str, lock: RefillLock, force: bool) -> RefillResult:
+    def _refill_locked(self, snap: Snapshot, lock: RefillLock, force: bool) -> RefillResult:
         s = self.settings
-        snap = self._ensure_known(tag)
-        mode = snap.state.get("mode", "segment")
-        if mode != "segment":
-            return RefillResult(tag, skipped=f"mode is {mode}")
-        now = self._clock()
-        now_ms = int(now * 1000)
-
-        # 1-2: consumption rate and targets
-        consumed_total = snap.int("pushed_total") - snap.length
-        rate = snap.float("rate")
-        if "rate_ts_ms" in snap.state:
-            elapsed = now - snap.int("rate_ts_ms") / 1000
-            rate = smooth_rate(rate, consumed_total - snap.int("rate_consumed"), elapsed,
-                               s.rate_smoothing)
-        target = pool_target(rate, s.pool_seconds, s.pool_floor, s.pool_ceiling)
-        low_water = math.ceil(target * s.low_water_ratio)
-        reserve_target = pool_target(rate, s.reserve_seconds, s.pool_floor, 100 * s.pool_ceiling)
-        self.pool.record(tag, rate=f"{rate:.3f}", rate_ts_ms=now_ms,
-                         rate_consumed=consumed_total, target=target, low_water=low_water,
-                         reserve_target=reserve_target)
+        tag = snap.tag
+        m = self._measure(snap, s.pool_seconds)
+        target, low_water = m.target, m.low_water
+        reserve_target = pool_target(m.rate, s.reserve_seconds, s.pool_floor,
+                                     100 * s.pool_ceiling)
+        self.pool.record(tag, reserve_target=reserve_target)
 
         result = RefillResult(tag, length=snap.length, target=target,
                               step=snap.int("step"))
@@ -159,9 +205,6 @@ class SegmentRefiller:
             reserve.append(alloc.allocate())
             lock.keep()
 
-        self.pool.record(tag, last_refill_ms=self._now_ms(),
-                         last_refill_result=f"ok +{result.pushed}")
-        self.pool.count(tag, "refills")
         return result
 
 
@@ -209,4 +252,4 @@ class _Allocator:
         return rng
 
 
-__all__ = ["RefillResult", "SegmentRefiller", "StaleWrite"]
+__all__ = ["Measure", "RefillResult", "Refiller", "SegmentRefiller", "StaleWrite"]

@@ -24,7 +24,7 @@ REFUSALS = {
     NOT_ABOVE_HWM: "the IDs are not above the tag's high-water mark",
     LIST_NOT_EMPTY: "the ids list is not empty",
     BELOW_RESERVE_TAIL: "the range starts below the end of the reserve",
-    OUTSIDE_HEAD: "the IDs do not lie in the reserve head range",
+    OUTSIDE_HEAD: "the IDs do not lie in the reserve head range (or are not increasing)",
 }
 
 
