@@ -1,0 +1,361 @@
+"""Snowflake IDs: the generator and the decoder (design.md section 4, guarantee G4).
+
+Layout of an ID (a non-negative signed 64-bit integer)::
+
+    0 | 41 bits: ms since the epoch | 10 bits: worker ID | 12 bits: sequence
+
+The epoch defaults to Leaf's (1288834974657, 2010-11-04T01:42:54.657Z), so IDs decode
+the same way as Leaf's ``/decodeSnowflakeId``.
+
+:class:`SnowflakeGenerator` is pure logic: the clock (ms since the Unix epoch) and the
+sleep are injected, so tests drive it with a fake clock. It never emits
+
+- a timestamp at or below the high-water mark it was given (the last timestamp the
+  worker-ID registry recorded for this worker ID), nor one below a timestamp it already
+  emitted: a small step back (<= ``max_backwards_ms``) is waited out (twice the offset,
+  then one retry, as Leaf does); a larger one raises :class:`ClockMovedBackwards`;
+- a negative or overflowed ID: construction is refused when the epoch is in the future
+  or the 41 time bits are exhausted, and generation stops if they run out later.
+
+Each new millisecond starts its sequence at a random value in ``[0, random_start)``
+(Leaf: 0-99) so ``id % N`` sharding stays even at low traffic; the sequence then counts
+up to 4095, the hard cap of 4096 IDs per millisecond per worker ID. :meth:`next_batch`
+emits whole millisecond ranges with ``range()`` arithmetic, several million IDs per
+second in CPython.
+
+The generator is thread-safe (one lock per call), but one worker ID must be used by one
+generator only: that is the registry's job (:mod:`leafpool.registry`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
+
+from leafpool.errors import ClockMovedBackwards, ConfigurationError, InvalidArgument
+
+if TYPE_CHECKING:
+    from leafpool.config import Settings
+
+log = logging.getLogger(__name__)
+
+LEAF_EPOCH_MS = 1288834974657
+TIMESTAMP_BITS = 41
+WORKER_ID_BITS = 10
+SEQUENCE_BITS = 12
+MAX_TIMESTAMP = (1 << TIMESTAMP_BITS) - 1  # largest ms offset from the epoch that fits
+MAX_WORKER_ID = (1 << WORKER_ID_BITS) - 1  # 1023
+MAX_SEQUENCE = (1 << SEQUENCE_BITS) - 1  # 4095
+IDS_PER_MS = MAX_SEQUENCE + 1
+WORKER_SHIFT = SEQUENCE_BITS
+TIMESTAMP_SHIFT = SEQUENCE_BITS + WORKER_ID_BITS
+MAX_ID = (1 << 63) - 1
+MS_PER_DAY = 86_400_000
+MS_PER_YEAR = 365.25 * MS_PER_DAY
+
+EPOCH_ENV = "LEAFPOOL_SNOWFLAKE_EPOCH"
+_UNIX = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_SPINS_BEFORE_SLEEP = 1_000
+_SPIN_SLEEP_S = 0.0001
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the Unix epoch (the default clock)."""
+    return time.time_ns() // 1_000_000
+
+
+def iso_utc(ms: int) -> str:
+    """ISO 8601 in UTC with milliseconds, e.g. ``2019-09-06T01:35:00.834Z``."""
+    return (_UNIX + timedelta(milliseconds=ms)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def validate_worker_id(worker_id: object) -> int:
+    if isinstance(worker_id, bool) or not isinstance(worker_id, int) or not (
+        0 <= worker_id <= MAX_WORKER_ID
+    ):
+        raise InvalidArgument("worker_id", worker_id, f"an integer from 0 to {MAX_WORKER_ID}")
+    return worker_id
+
+
+def validate_epoch(epoch_ms: object, now_ms: int) -> int:
+    """The epoch must be a past ms timestamp whose 41 time bits are not used up."""
+    if isinstance(epoch_ms, bool) or not isinstance(epoch_ms, int) or epoch_ms < 0:
+        raise ConfigurationError(EPOCH_ENV, epoch_ms, "a non-negative integer (ms since 1970)")
+    if epoch_ms > now_ms:
+        raise ConfigurationError(
+            EPOCH_ENV, epoch_ms,
+            f"is in the future ({iso_utc(epoch_ms)} > now {iso_utc(now_ms)}); IDs would be "
+            "negative",
+        )
+    if now_ms - epoch_ms > MAX_TIMESTAMP:
+        raise ConfigurationError(
+            EPOCH_ENV, epoch_ms,
+            f"the {TIMESTAMP_BITS} time bits ran out at {iso_utc(epoch_ms + MAX_TIMESTAMP)}; "
+            "choose a later epoch (IDs would overflow into the sign bit)",
+        )
+    return epoch_ms
+
+
+def compose(timestamp_ms: int, worker_id: int, sequence: int,
+            epoch_ms: int = LEAF_EPOCH_MS) -> int:
+    """Build one ID from its parts (the inverse of :func:`decode`)."""
+    validate_worker_id(worker_id)
+    offset = timestamp_ms - epoch_ms
+    if not 0 <= offset <= MAX_TIMESTAMP:
+        raise InvalidArgument(
+            "timestamp_ms", timestamp_ms,
+            f"between the epoch {epoch_ms} and epoch + 2**41 - 1 = {epoch_ms + MAX_TIMESTAMP}",
+        )
+    if isinstance(sequence, bool) or not 0 <= sequence <= MAX_SEQUENCE:
+        raise InvalidArgument("sequence", sequence, f"an integer from 0 to {MAX_SEQUENCE}")
+    return (offset << TIMESTAMP_SHIFT) | (worker_id << WORKER_SHIFT) | sequence
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """The parts of a snowflake ID (what Leaf's ``/decodeSnowflakeId`` returns)."""
+
+    timestamp_ms: int
+    iso: str
+    worker_id: int
+    sequence: int
+
+
+def decode(snowflake_id: int | str, epoch_ms: int = LEAF_EPOCH_MS) -> Decoded:
+    """Split an ID into timestamp (ms and ISO 8601 UTC), worker ID and sequence.
+
+    Accepts an int or a decimal string; anything outside ``0 .. 2**63 - 1`` raises
+    :class:`InvalidArgument`."""
+    value: object = snowflake_id
+    if isinstance(value, str):
+        text = value.strip()
+        if not text.isascii() or not text.isdigit():
+            raise InvalidArgument("id", snowflake_id, "a decimal integer from 0 to 2**63 - 1")
+        value = int(text)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+        raise InvalidArgument("id", snowflake_id, "an integer from 0 to 2**63 - 1")
+    timestamp_ms = (value >> TIMESTAMP_SHIFT) + epoch_ms
+    return Decoded(
+        timestamp_ms=timestamp_ms,
+        iso=iso_utc(timestamp_ms),
+        worker_id=(value >> WORKER_SHIFT) & MAX_WORKER_ID,
+        sequence=value & MAX_SEQUENCE,
+    )
+
+
+@dataclass(frozen=True)
+class BackwardsEvent:
+    """One clock step back (or a reading at/below the high-water mark)."""
+
+    at_ms: int  # the clock reading
+    last_ms: int  # the ms the generator could not go below
+    offset_ms: int
+    waited_ms: int  # how long it slept before retrying (0 when it raised at once)
+    raised: bool
+
+
+class SnowflakeGenerator:
+    """Time-ordered 64-bit IDs for one worker ID.
+
+    ``clock`` returns ms since the Unix epoch; ``sleep`` takes seconds. IDs are strictly
+    increasing across all calls of one generator."""
+
+    def __init__(
+        self,
+        worker_id: int,
+        *,
+        epoch_ms: int = LEAF_EPOCH_MS,
+        clock: Callable[[], int] = wall_clock_ms,
+        sleep: Callable[[float], None] = time.sleep,
+        random_start: int = 100,
+        max_backwards_ms: int = 5,
+        high_water_ms: int = 0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.worker_id = validate_worker_id(worker_id)
+        now = clock()
+        self.epoch_ms = validate_epoch(epoch_ms, now)
+        if isinstance(random_start, bool) or not isinstance(random_start, int) or not (
+            0 <= random_start <= IDS_PER_MS
+        ):
+            raise InvalidArgument("random_start", random_start,
+                                  f"an integer from 0 (disabled) to {IDS_PER_MS}")
+        if isinstance(max_backwards_ms, bool) or not isinstance(max_backwards_ms, int) or (
+            max_backwards_ms < 0
+        ):
+            raise InvalidArgument("max_backwards_ms", max_backwards_ms, "an integer >= 0")
+        if isinstance(high_water_ms, bool) or not isinstance(high_water_ms, int) or (
+            high_water_ms < 0
+        ):
+            raise InvalidArgument("high_water_ms", high_water_ms, "an integer >= 0")
+        self.random_start = random_start
+        self.max_backwards_ms = max_backwards_ms
+        self.high_water_ms = high_water_ms
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self._worker_bits = self.worker_id << WORKER_SHIFT
+        # The high-water mark is treated as a millisecond already used up: the next ID
+        # is in a later ms, and a reading below it follows the clock-moved-back rule.
+        self._last_ms = max(high_water_ms, self.epoch_ms - 1)
+        self._seq = MAX_SEQUENCE
+        self._base = 0
+        self._emitted = 0
+        self.backwards_events = 0  # times ClockMovedBackwards was raised
+        self.backwards_waits = 0  # small steps back that were waited out
+        self.last_backwards: BackwardsEvent | None = None
+
+    @classmethod
+    def from_settings(
+        cls,
+        worker_id: int,
+        settings: Settings,
+        *,
+        high_water_ms: int = 0,
+        clock: Callable[[], int] = wall_clock_ms,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> SnowflakeGenerator:
+        return cls(
+            worker_id,
+            epoch_ms=settings.snowflake_epoch,
+            clock=clock,
+            sleep=sleep,
+            random_start=settings.snowflake_random_sequence,
+            max_backwards_ms=settings.snowflake_max_backwards_ms,
+            high_water_ms=high_water_ms,
+            rng=rng,
+        )
+
+    # -- state --------------------------------------------------------------------------
+
+    @property
+    def last_timestamp_ms(self) -> int | None:
+        """The ms of the last ID emitted, or None before the first."""
+        return self._last_ms if self._emitted else None
+
+    @property
+    def emitted(self) -> int:
+        return self._emitted
+
+    @property
+    def exhausts_at_ms(self) -> int:
+        """The first ms that no longer fits in the 41 time bits."""
+        return self.epoch_ms + MAX_TIMESTAMP + 1
+
+    def years_left(self) -> float:
+        return (self.exhausts_at_ms - self._clock()) / MS_PER_YEAR
+
+    def exhausts_within(self, days: float) -> bool:
+        """True when the time bits run out within ``days`` (log it, export a metric)."""
+        return self.exhausts_at_ms - self._clock() <= days * MS_PER_DAY
+
+    # -- generation ---------------------------------------------------------------------
+
+    def next_id(self) -> int:
+        with self._lock:
+            now = self._clock()
+            while True:
+                if now == self._last_ms:
+                    seq = self._seq + 1
+                    if seq <= MAX_SEQUENCE:
+                        self._seq = seq
+                        self._emitted += 1
+                        return self._base | seq
+                    now = self._wait_next_ms()
+                elif now > self._last_ms:
+                    seq = self._start_ms(now)
+                    self._seq = seq
+                    self._emitted += 1
+                    return self._base | seq
+                else:
+                    now = self._moved_back(now)
+
+    def next_batch(self, n: int) -> list[int]:
+        """``n`` strictly increasing IDs, whole milliseconds at a time."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InvalidArgument("n", n, "an integer >= 0")
+        out: list[int] = []
+        remaining = n
+        with self._lock:
+            now = self._clock()
+            while remaining:
+                if now == self._last_ms:
+                    start = self._seq + 1
+                    if start > MAX_SEQUENCE:
+                        now = self._wait_next_ms()
+                        continue
+                elif now > self._last_ms:
+                    start = self._start_ms(now)
+                else:
+                    now = self._moved_back(now)
+                    continue
+                take = min(remaining, IDS_PER_MS - start)
+                first = self._base + start
+                out += range(first, first + take)
+                self._seq = start + take - 1
+                self._emitted += take
+                remaining -= take
+                if remaining:
+                    now = self._clock()
+        return out
+
+    # -- internals (called with the lock held) ------------------------------------------
+
+    def _start_ms(self, now: int) -> int:
+        """Make ``now`` (> the last ms) the current ms; return its first sequence."""
+        offset = now - self.epoch_ms
+        if offset > MAX_TIMESTAMP:
+            raise ConfigurationError(
+                EPOCH_ENV, self.epoch_ms,
+                f"worker {self.worker_id}: the {TIMESTAMP_BITS} time bits ran out at "
+                f"{iso_utc(self.exhausts_at_ms - 1)}; no ID can be generated",
+            )
+        self._last_ms = now
+        self._base = (offset << TIMESTAMP_SHIFT) | self._worker_bits
+        return self._rng.randrange(self.random_start) if self.random_start > 1 else 0
+
+    def _wait_next_ms(self) -> int:
+        """The current ms is used up: re-read the clock until it changes."""
+        spins = 0
+        while True:
+            now = self._clock()
+            if now != self._last_ms:
+                return now
+            spins += 1
+            if spins >= _SPINS_BEFORE_SLEEP:
+                self._sleep(_SPIN_SLEEP_S)
+                spins = 0
+
+    def _moved_back(self, now: int) -> int:
+        """The clock reads below the last ms (or the high-water mark): wait out a small
+        step (twice the offset, one retry), raise on a large one. Returns a new reading
+        that is not below the last ms."""
+        offset = self._last_ms - now
+        if offset <= self.max_backwards_ms:
+            waited = offset * 2
+            log.warning("worker %d: clock moved backwards by %d ms (at %d, last %d); "
+                        "waiting %d ms", self.worker_id, offset, now, self._last_ms, waited)
+            self._sleep(waited / 1000)
+            self.backwards_waits += 1
+            retry = self._clock()
+            if retry >= self._last_ms:
+                self.last_backwards = BackwardsEvent(now, self._last_ms, offset, waited, False)
+                return retry
+            offset = self._last_ms - retry
+            now = retry
+        else:
+            waited = 0
+        self.backwards_events += 1
+        self.last_backwards = BackwardsEvent(now, self._last_ms, offset, waited, True)
+        log.error("worker %d: clock moved backwards by %d ms (at %d, last %d); refusing to "
+                  "generate (event %d)", self.worker_id, offset, now, self._last_ms,
+                  self.backwards_events)
+        raise ClockMovedBackwards(self.worker_id, offset)
