@@ -1,0 +1,108 @@
+"""A snowflake generator bound to a worker-ID lease: the caller's side of the registry
+contract (:mod:`leafpool.registry.base`) in one object.
+
+:meth:`LeasedGenerator.next_batch` checks the lease, generates, and before returning
+makes sure the high-water mark recorded in the registry covers every timestamp in the
+batch (recording ``window_ms`` ahead, so the registry is written about once per window,
+not once per batch). IDs it returns may be pushed: a restarted or reclaimed worker ID
+starts above them.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+
+from leafpool.config import Settings
+from leafpool.errors import LeafpoolError
+from leafpool.registry.base import Lease, WorkerIdRegistry
+from leafpool.snowflake import SnowflakeGenerator, wall_clock_ms
+
+log = logging.getLogger(__name__)
+
+
+class LeasedGenerator:
+    def __init__(
+        self,
+        registry: WorkerIdRegistry,
+        settings: Settings,
+        *,
+        window_ms: int | None = None,
+        clock: Callable[[], int] = wall_clock_ms,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.window_ms = (int(settings.snowflake_report_seconds * 1000)
+                          if window_ms is None else window_ms)
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng
+        self.generator: SnowflakeGenerator | None = None
+        self.lease: Lease | None = None
+        self._recorded = 0
+
+    def start(self) -> Lease:
+        """Claim a worker ID and build the generator above its recorded timestamp."""
+        lease = self.registry.claim()
+        self.generator = SnowflakeGenerator.from_settings(
+            lease.worker_id, self.settings, high_water_ms=lease.last_timestamp_ms,
+            clock=self._clock, sleep=self._sleep, rng=self._rng,
+        )
+        self.lease = lease
+        self._recorded = lease.last_timestamp_ms
+        days = self.settings.snowflake_exhaustion_warn_days
+        if self.generator.exhausts_within(days):
+            log.warning("worker %d: the snowflake time bits run out in %.2f years "
+                        "(LEAFPOOL_SNOWFLAKE_EPOCH=%d)", lease.worker_id,
+                        self.generator.years_left(), self.settings.snowflake_epoch)
+        return lease
+
+    def _gen(self) -> SnowflakeGenerator:
+        if self.generator is None:
+            self.start()
+        assert self.generator is not None
+        return self.generator
+
+    def next_batch(self, n: int) -> list[int]:
+        gen = self._gen()
+        self.registry.check()
+        ids = gen.next_batch(n)
+        self._cover(gen)
+        return ids
+
+    def next_id(self) -> int:
+        gen = self._gen()
+        self.registry.check()
+        value = gen.next_id()
+        self._cover(gen)
+        return value
+
+    def _cover(self, gen: SnowflakeGenerator) -> None:
+        last = gen.last_timestamp_ms
+        if last is not None and last > self._recorded:
+            target = last + self.window_ms
+            self.registry.record_high_water(target)
+            self._recorded = target
+        self.registry.check()
+
+    def close(self) -> None:
+        """Release the worker ID (clean shutdown)."""
+        gen = self.generator
+        last = gen.last_timestamp_ms if gen is not None else None
+        try:
+            self.registry.release(last_emitted_ms=last)
+        except LeafpoolError as exc:
+            log.warning("releasing the worker ID failed: %s", exc)
+        self.generator = None
+        self.lease = None
+
+    def __enter__(self) -> LeasedGenerator:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

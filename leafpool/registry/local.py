@@ -1,0 +1,148 @@
+"""Mode ``local``: a static identity -> worker ID map (NotFound9's local mode), for hosts
+whose processes never change.
+
+``LEAFPOOL_SNOWFLAKE_LOCAL_MAP`` is either
+
+- a comma-separated list of ``identity=worker_id`` entries, e.g.
+  ``host-a:node1:0=1,host-b:node1:0=2`` (the identity is ``host:celery-node:index``;
+  it may contain ``:`` and ``-``; the worker ID follows the last ``=``; whitespace
+  around entries is ignored; two identities may not share a worker ID), or
+- a single bare number, e.g. ``7``: every process using this setting takes worker ID 7
+  (for a single generator process per host and name).
+
+A worker ID is also locked on the host (``flock`` on
+``{snowflake_cache_dir}/{name}/worker-NNNN.lock``) for as long as it is held, so two
+processes on one host can never generate with the same worker ID. The high-water mark
+lives in the cache file; a start is refused when the clock is behind the largest
+timestamp any cache file in the directory recorded for that worker ID.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from typing import Any
+
+from leafpool.config import Settings
+from leafpool.errors import ConfigurationError, WorkerIdUnavailable
+from leafpool.registry.base import BaseRegistry, Lease
+from leafpool.registry.cache import read_all
+from leafpool.snowflake import MAX_WORKER_ID
+
+log = logging.getLogger(__name__)
+
+MAP_ENV = "LEAFPOOL_SNOWFLAKE_LOCAL_MAP"
+
+
+def parse_local_map(value: str) -> dict[str, int] | int:
+    """``{identity: worker_id}``, or an int for a bare number."""
+    text = value.strip()
+    if not text:
+        raise ConfigurationError(MAP_ENV, value, "required in snowflake mode local: "
+                                 "'host:node:0=1,host:node:1=2' or a single worker ID")
+    if text.isdigit():
+        return _worker_id(text, value)
+    mapping: dict[str, int] = {}
+    owners: dict[int, str] = {}
+    for raw in text.replace("\n", ",").split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        identity, sep, number = entry.rpartition("=")
+        identity = identity.strip()
+        if not sep or not identity:
+            raise ConfigurationError(MAP_ENV, value,
+                                     f"entry {entry!r} is not identity=worker_id")
+        worker_id = _worker_id(number.strip(), value)
+        if identity in mapping:
+            raise ConfigurationError(MAP_ENV, value, f"identity {identity!r} is listed twice")
+        if worker_id in owners:
+            raise ConfigurationError(
+                MAP_ENV, value,
+                f"worker ID {worker_id} is given to both {owners[worker_id]!r} and "
+                f"{identity!r}; they would generate duplicate IDs",
+            )
+        mapping[identity] = worker_id
+        owners[worker_id] = identity
+    if not mapping:
+        raise ConfigurationError(MAP_ENV, value, "no identity=worker_id entry")
+    return mapping
+
+
+def _worker_id(text: str, value: str) -> int:
+    if not text.isdigit() or int(text) > MAX_WORKER_ID:
+        raise ConfigurationError(MAP_ENV, value,
+                                 f"worker ID {text!r} is not an integer from 0 to {MAX_WORKER_ID}")
+    return int(text)
+
+
+class LocalRegistry(BaseRegistry):
+    mode = "local"
+
+    def __init__(self, settings: Settings, identity: str, **kwargs: Any) -> None:
+        super().__init__(settings, identity, **kwargs)
+        self.mapping = parse_local_map(settings.snowflake_local_map)
+        self._lock_fd: int | None = None
+
+    def worker_id_for_identity(self) -> int:
+        if isinstance(self.mapping, int):
+            return self.mapping
+        try:
+            return self.mapping[self.identity]
+        except KeyError:
+            raise ConfigurationError(
+                MAP_ENV, self.settings.snowflake_local_map,
+                f"has no entry for this process's identity {self.identity!r}",
+            ) from None
+
+    def _claim(self) -> Lease:
+        worker_id = self.worker_id_for_identity()
+        self._lock_worker(worker_id)
+        try:
+            own = self.read_cache()
+            recorded, where = 0, "no cache file yet"
+            for path, record in read_all(self.cache_dir):
+                mine = record.identity == self.identity
+                if (record.worker_id == worker_id or mine) and record.last_timestamp > recorded:
+                    recorded, where = record.last_timestamp, f"the cache file {path}"
+            if own is not None and own.last_timestamp > recorded:
+                recorded, where = own.last_timestamp, f"the cache file {self.cache.path}"
+            now = self._verify_clock(worker_id, recorded, where)
+            ts = max(now, recorded)
+            self._write_cache(worker_id, ts)
+            self._high_water = ts
+        except BaseException:
+            self._unlock()
+            raise
+        return Lease(worker_id, recorded, "local-map", self.identity, self.mode)
+
+    def _lock_worker(self, worker_id: int) -> None:
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        path = self.cache_dir / f"worker-{worker_id:04d}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            raise WorkerIdUnavailable(
+                f"{self.identity}: worker {worker_id} is held by another process on this "
+                f"host (lock {path})"
+            ) from exc
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor drops the flock
+            self._lock_fd = None
+
+    def _record(self, lease: Lease, ms: int) -> None:
+        """The map is static: the mark lives in the cache file (written by the caller)."""
+
+    def _tick(self, lease: Lease) -> None:
+        ts = max(self.clock(), self._high_water)
+        self._write_cache(lease.worker_id, ts)
+        self._high_water = ts
+
+    def _close(self) -> None:
+        self._unlock()
