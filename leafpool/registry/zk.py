@@ -1,0 +1,374 @@
+"""Mode ``zk``: Leaf's ZooKeeper holder (``SnowflakeZookeeperHolder``), made safe.
+
+Layout (Leaf's, so an existing Leaf tree is shared without conflict)::
+
+    /snowflake/{name}/forever/{identity}-0000000007   persistent sequential; the
+        sequence number is the worker ID, reused by the same identity after a restart.
+        Data: Leaf's Endpoint JSON {"ip", "port", "timestamp"} plus our "token".
+    /snowflake/{name}/temporary/{identity}            ephemeral (the article's
+        leaf_temporary): marks the identity live; data {"ip", "port", "timestamp", "token"}
+
+The identity is written in its safe form (no ``-``, which Leaf splits child names on).
+``timestamp`` is reported every ``snowflake_report_seconds`` (Leaf: 3 s) and raised by
+:meth:`record_high_water`; every write of the forever node is conditional on the znode
+version this process last wrote, so a second process that claimed the same identity
+fences the first.
+
+Start (:meth:`claim`):
+
+1. create the ephemeral ``temporary`` node; if a live session holds it, the identity
+   is in use and the start is refused (unless the holder is this host's previous
+   incarnation of the identity: same token as the cache file);
+2. compare the local clock with the live peers': each peer's offset to ZooKeeper's
+   clock is its reported timestamp minus the node's ``mtime``; ours is measured the same
+   way on our own node. The mean difference must stay within
+   ``snowflake_peer_skew_ms`` (Leaf's article describes this check; Leaf never shipped
+   it);
+3. find or create the forever node; more than 1024 sequence numbers means no worker ID
+   is left (never wrapped);
+4. refuse when the local clock is behind the recorded timestamp (the node's or the
+   cache file's, whichever is larger).
+
+ZooKeeper is a weak dependency here, as in Leaf: the worker ID belongs to the identity
+for ever, so when ZooKeeper is unreachable at start the cache file supplies it (same
+clock check), and while it is unreachable the high-water mark is written to the cache
+file and synced to ZooKeeper once it answers again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.protocol.states import KazooState, ZnodeStat
+
+from leafpool.config import Settings
+from leafpool.errors import BackendUnavailable, WorkerIdUnavailable
+from leafpool.registry.base import BaseRegistry, Lease
+from leafpool.registry.cache import CacheRecord
+from leafpool.registry.zk_common import (
+    KAZOO_ERRORS,
+    SessionInfo,
+    close,
+    connect,
+    dump,
+    load,
+    require_hosts,
+    timestamp_of,
+)
+from leafpool.snowflake import MAX_WORKER_ID
+
+log = logging.getLogger(__name__)
+
+RECONNECT_ERRORS: tuple[type[BaseException], ...] = (WorkerIdUnavailable, *KAZOO_ERRORS)
+
+
+class ZkRegistry(BaseRegistry):
+    mode = "zk"
+
+    def __init__(self, settings: Settings, identity: str, *,
+                 connect_timeout_s: float | None = None, **kwargs: Any) -> None:
+        super().__init__(settings, identity, **kwargs)
+        self.hosts = require_hosts(settings.zk_hosts, self.mode)
+        self.root = f"/snowflake/{self.name}"
+        self.forever = f"{self.root}/forever"
+        self.temporary = f"{self.root}/temporary"
+        self.temp_path = f"{self.temporary}/{self.safe_identity}"
+        self.connect_timeout_s = connect_timeout_s or min(10.0, settings.snowflake_lease_seconds)
+        self.op_timeout_s = min(10.0, settings.snowflake_lease_seconds)
+        self.client: KazooClient | None = None
+        self.session: SessionInfo | None = None
+        self.node_path: str | None = None
+        self.peer_skew_ms: float | None = None
+        self.pending_sync = False  # high-water written to the cache only (ZK unreachable)
+        self._version = -1
+
+    @property
+    def degraded(self) -> bool:
+        """True while running without ZooKeeper (started from the cache file)."""
+        return self.node_path is None
+
+    # -- claim --------------------------------------------------------------------------
+
+    def _claim(self) -> Lease:
+        try:
+            client, info = connect(self.hosts,
+                                   session_timeout_s=self.settings.snowflake_lease_seconds,
+                                   connect_timeout_s=self.connect_timeout_s, what=self.identity)
+        except BackendUnavailable as exc:
+            self.node_path = None
+            return self._cached_start(f"ZooKeeper unreachable ({exc})")
+        try:
+            lease = self._claim_with(client)
+        except KAZOO_ERRORS as exc:
+            close(client)
+            raise BackendUnavailable(f"{self.identity}: ZooKeeper claim failed: {exc!r}") from exc
+        except BaseException:
+            close(client)
+            raise
+        self.client, self.session = client, info
+        return lease
+
+    def _claim_with(self, client: KazooClient) -> Lease:
+        client.ensure_path(self.forever)
+        client.ensure_path(self.temporary)
+        cached = self.read_cache()
+        own_stat, sent = self._take_temporary(client, cached)
+        try:
+            self._check_peers(client, own_stat, sent)
+            worker_id, path = self._find_forever(client) or self._create_forever(client)
+            raw, stat = client.get(path)
+            data = load(raw)
+            recorded = timestamp_of(data)
+            where = f"ZooKeeper {path}"
+            if cached is not None and cached.last_timestamp > recorded:
+                recorded, where = cached.last_timestamp, f"the cache file {self.cache.path}"
+            now = self._verify_clock(worker_id, recorded, where)
+            ts = max(now, recorded)
+            try:
+                stat = client.set(path, self._endpoint(ts), version=stat.version)
+            except BadVersionError as exc:
+                raise WorkerIdUnavailable(
+                    f"{self.identity}: worker {worker_id} ({path}) was written by another "
+                    "process while claiming it; two processes share this identity"
+                ) from exc
+            self._version = stat.version
+            self.node_path = path
+            self._write_cache(worker_id, ts)
+            self._high_water = ts
+            return Lease(worker_id, recorded, "zookeeper", self.identity, self.mode)
+        except BaseException:
+            with contextlib.suppress(*KAZOO_ERRORS):
+                client.delete(self.temp_path)
+            raise
+
+    def _endpoint(self, ts: int) -> bytes:
+        return dump({"ip": self.host, "port": self.rest, "timestamp": ts, "token": self.token})
+
+    def _take_temporary(self, client: KazooClient, cached: CacheRecord | None
+                        ) -> tuple[ZnodeStat, int]:
+        """Create our ephemeral node; returns its stat and our clock when we sent it."""
+        for _ in range(3):
+            sent = self.clock()
+            try:
+                _, stat = client.create(self.temp_path, self._endpoint(sent), ephemeral=True,
+                                        include_data=True)
+                return stat, sent
+            except NodeExistsError:
+                pass
+            try:
+                raw, ostat = client.get(self.temp_path)
+            except NoNodeError:
+                continue
+            holder = load(raw).get("token")
+            if (cached is None or not cached.token or holder != cached.token
+                    or not cached.writer_gone()):
+                raise WorkerIdUnavailable(
+                    f"{self.identity}: identity in use: {self.temp_path} is held by the live "
+                    f"ZooKeeper session 0x{ostat.ephemeralOwner:x}; two processes must not "
+                    "share an identity (it waits until that session ends)"
+                )
+            log.warning("%s: taking over %s from this identity's previous process (pid %d, "
+                        "gone; session 0x%x)", self.identity, self.temp_path, cached.pid,
+                        ostat.ephemeralOwner)
+            with contextlib.suppress(NoNodeError, BadVersionError):
+                client.delete(self.temp_path, version=ostat.version)
+        raise WorkerIdUnavailable(f"{self.identity}: could not create {self.temp_path}")
+
+    def _check_peers(self, client: KazooClient, own: ZnodeStat, sent: int) -> None:
+        """Refuse when our clock differs from the live peers' by more than allowed."""
+        ours = sent - own.mtime
+        names = [c for c in client.get_children(self.temporary) if c != self.safe_identity]
+        pending = [(n, client.get_async(f"{self.temporary}/{n}")) for n in names]
+        skews: list[int] = []
+        for _, result in pending:
+            try:
+                raw, stat = result.get(timeout=self.op_timeout_s)
+            except NoNodeError:
+                continue
+            reported = timestamp_of(load(raw))
+            if reported > 0:
+                skews.append(ours - (reported - stat.mtime))
+        if not skews:
+            log.info("%s: no live peers to compare the clock with", self.identity)
+            return
+        mean = sum(skews) / len(skews)
+        self.peer_skew_ms = mean
+        limit = self.settings.snowflake_peer_skew_ms
+        if abs(mean) > limit:
+            raise WorkerIdUnavailable(
+                f"{self.identity}: the local clock differs from the {len(skews)} live peers' "
+                f"by {mean:+.0f} ms on average, more than LEAFPOOL_SNOWFLAKE_PEER_SKEW_MS="
+                f"{limit}; refusing to start (fix the clock)"
+            )
+        log.info("%s: clock within %+.0f ms of %d live peers", self.identity, mean, len(skews))
+
+    def _find_forever(self, client: KazooClient) -> tuple[int, str] | None:
+        mine = []
+        for child in client.get_children(self.forever):
+            name, sep, seq = child.rpartition("-")
+            if sep and name == self.safe_identity and seq.isdigit():
+                mine.append((int(seq), f"{self.forever}/{child}"))
+        if not mine:
+            return None
+        mine.sort()
+        if len(mine) > 1:
+            log.warning("%s: %d forever nodes for this identity; using the lowest, %s",
+                        self.identity, len(mine), mine[0][1])
+        worker_id, path = mine[0]
+        if worker_id > MAX_WORKER_ID:
+            raise WorkerIdUnavailable(
+                f"{self.identity}: its forever node {path} has sequence {worker_id}, above "
+                f"{MAX_WORKER_ID}; remove it or use mode zk_recycle"
+            )
+        return worker_id, path
+
+    def _create_forever(self, client: KazooClient) -> tuple[int, str]:
+        path = client.create(f"{self.forever}/{self.safe_identity}-",
+                             self._endpoint(self.clock()), sequence=True)
+        worker_id = int(path.rpartition("-")[2])
+        if worker_id > MAX_WORKER_ID:
+            with contextlib.suppress(*KAZOO_ERRORS):
+                client.delete(path)
+            raise WorkerIdUnavailable(
+                f"{self.identity}: ZooKeeper's sequence under {self.forever} reached "
+                f"{worker_id}; worker IDs are 0..{MAX_WORKER_ID} and mode zk never reuses "
+                "one (use mode zk_recycle, or a new LEAFPOOL_SNOWFLAKE_NAME)"
+            )
+        log.info("%s: new forever node %s", self.identity, path)
+        return worker_id, path
+
+    # -- running ------------------------------------------------------------------------
+
+    def _connected(self) -> KazooClient | None:
+        client = self.client
+        if client is None or self.node_path is None or client.state != KazooState.CONNECTED:
+            return None
+        return client
+
+    def _write_forever(self, client: KazooClient, ts: int) -> bool:
+        """Versioned write of the forever node. False when ZooKeeper did not answer;
+        fences (and raises) when another process wrote it."""
+        assert self.node_path is not None
+        for _ in range(2):
+            try:
+                stat = client.set_async(self.node_path, self._endpoint(ts),
+                                        version=self._version).get(timeout=self.op_timeout_s)
+            except BadVersionError:
+                if self._adopt_own_write(client):
+                    continue
+                self._fence(f"{self.node_path} was written by another process")
+                self.check()
+            except KAZOO_ERRORS as exc:
+                log.warning("%s: ZooKeeper write of %s failed (%r); kept in the cache file",
+                            self.identity, self.node_path, exc)
+                return False
+            else:
+                self._version = stat.version
+                return True
+        return False
+
+    def _adopt_own_write(self, client: KazooClient) -> bool:
+        """After a timed-out write: if the node holds our token, that write landed."""
+        assert self.node_path is not None
+        try:
+            raw, stat = client.get_async(self.node_path).get(timeout=self.op_timeout_s)
+        except KAZOO_ERRORS:
+            return False
+        if load(raw).get("token") == self.token:
+            self._version = stat.version
+            return True
+        return False
+
+    def _record(self, lease: Lease, ms: int) -> None:
+        client = self._connected()
+        if client is None or not self._write_forever(client, ms):
+            self.pending_sync = True
+            log.warning("%s: worker %d: high-water %d recorded in the cache file only "
+                        "(ZooKeeper unreachable; synced when it answers)", self.identity,
+                        lease.worker_id, ms)
+
+    def _tick(self, lease: Lease) -> None:
+        now = self.clock()
+        if self.node_path is None:
+            self._reconnect(lease)
+        ts = max(now, self._high_water)
+        client = self._connected()
+        if client is not None and self._write_forever(client, ts):
+            self.pending_sync = False
+            self._touch_temporary(client, now)
+        self._high_water = ts
+        self._write_cache(lease.worker_id, ts)
+
+    def _touch_temporary(self, client: KazooClient, now: int) -> None:
+        """Report our time on the ephemeral node; re-create it after a session expiry."""
+        try:
+            client.set_async(self.temp_path, self._endpoint(now)).get(timeout=self.op_timeout_s)
+            return
+        except NoNodeError:
+            pass
+        except KAZOO_ERRORS as exc:
+            log.warning("%s: report to %s failed: %r", self.identity, self.temp_path, exc)
+            return
+        try:
+            client.create_async(self.temp_path, self._endpoint(now), ephemeral=True
+                                ).get(timeout=self.op_timeout_s)
+            log.info("%s: re-created %s (new ZooKeeper session)", self.identity,
+                     self.temp_path)
+        except NodeExistsError:
+            self._fence(f"{self.temp_path} is held by another live session")
+        except KAZOO_ERRORS as exc:
+            log.warning("%s: re-creating %s failed: %r", self.identity, self.temp_path, exc)
+
+    def _reconnect(self, lease: Lease) -> None:
+        """Started from the cache: once ZooKeeper answers, check that it agrees on the
+        worker ID and sync the high-water mark."""
+        try:
+            client, info = connect(self.hosts,
+                                   session_timeout_s=self.settings.snowflake_lease_seconds,
+                                   connect_timeout_s=min(2.0, self.connect_timeout_s),
+                                   what=self.identity)
+        except BackendUnavailable:
+            return
+        try:
+            client.ensure_path(self.forever)
+            client.ensure_path(self.temporary)
+            cached = self.read_cache()
+            self._take_temporary(client, cached)
+            found = self._find_forever(client)
+            if found is None or found[0] != lease.worker_id:
+                self._fence(
+                    f"ZooKeeper has worker {found[0] if found else None} for this identity, "
+                    f"but this process started from the cache file with {lease.worker_id}"
+                )
+                close(client)
+                return
+            raw, stat = client.get(found[1])
+            self._version = stat.version
+            self.node_path = found[1]
+            self.client, self.session = client, info
+            self._high_water = max(self._high_water, timestamp_of(load(raw)))
+            log.info("%s: ZooKeeper reachable again; worker %d confirmed", self.identity,
+                     lease.worker_id)
+        except RECONNECT_ERRORS as exc:
+            log.warning("%s: reconnecting to ZooKeeper failed: %s", self.identity, exc)
+            self.node_path = None
+            close(client)
+
+    def _release(self, lease: Lease, final_ms: int) -> None:
+        client = self._connected()
+        if client is None:
+            return
+        try:
+            self._write_forever(client, final_ms)
+            client.delete_async(self.temp_path).get(timeout=self.op_timeout_s)
+        except KAZOO_ERRORS as exc:
+            log.warning("%s: release in ZooKeeper failed: %r", self.identity, exc)
+
+    def _close(self) -> None:
+        close(self.client)
+        self.client = None
+        self.node_path = None

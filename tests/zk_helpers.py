@@ -1,0 +1,65 @@
+"""ZooKeeper helpers for the worker-ID registry tests."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from kazoo.client import KazooClient
+from kazoo.protocol.states import KazooState
+
+
+def unique_name() -> str:
+    """A fresh ``snowflake_name``: every test gets its own /snowflake/{name} tree."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@contextmanager
+def raw_client(hosts: str) -> Iterator[KazooClient]:
+    client = KazooClient(hosts=hosts, timeout=10)
+    client.start(timeout=15)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+class StateLog:
+    """Records a kazoo client's state changes; tests wait on them with a bound."""
+
+    def __init__(self, client: KazooClient) -> None:
+        self.states: list[str] = []
+        self._cond = threading.Condition()
+        client.add_listener(self._on)
+
+    def _on(self, state: str) -> None:
+        with self._cond:
+            self.states.append(state)
+            self._cond.notify_all()
+
+    def wait_for(self, *sequence: str, timeout: float = 15.0) -> None:
+        """Until ``sequence`` appears in order among the recorded states."""
+        def seen() -> bool:
+            it = iter(self.states)
+            return all(any(s == want for s in it) for want in sequence)
+
+        with self._cond:
+            if not self._cond.wait_for(seen, timeout):
+                raise TimeoutError(f"states {sequence} not seen in {timeout}s: {self.states}")
+
+
+def expire_session(client: KazooClient, hosts: str) -> None:
+    """Expire ``client``'s session from the server side: a second client joins the same
+    session (id and password) and closes it, as if the holder had gone silent past the
+    session timeout."""
+    session_id, password = client.client_id
+    other = KazooClient(hosts=hosts, client_id=(session_id, password), timeout=10)
+    other.start(timeout=15)
+    other.stop()
+    other.close()
+
+
+__all__ = ["KazooState", "StateLog", "expire_session", "raw_client", "unique_name"]
