@@ -1,0 +1,228 @@
+"""Prometheus metrics of the pools, read from Redis on every scrape.
+
+:class:`PoolCollector` is a custom collector: it holds no counters of its own; each
+scrape reads every tag's keys (one pipelined round trip, :meth:`Pool.snapshots`) and
+turns the state hash into metric families. The counters (refills, failures, empty-pool
+hits, ...) are the ones the refillers and clients keep in ``leafpool:{TAG}:state``, so
+they are shared by every process and survive a restart of the HTTP service.
+
+A scrape while Redis is down does not fail: it reports ``leafpool_up 0`` and nothing
+per tag, so the alert can say "Redis unreachable" instead of "target down".
+
+Every per-tag metric has the labels ``tag`` and ``mode`` (``segment`` or ``snowflake``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from leafpool.errors import LeafpoolError
+from leafpool.pool import Pool, Snapshot
+from leafpool.status import tag_status
+
+log = logging.getLogger(__name__)
+
+LABELS = ["tag", "mode"]
+
+# (metric name, help, TagStatus/state reader) for the per-tag gauges
+_GAUGES: list[tuple[str, str, Callable[[Snapshot], float | None]]] = [
+    ("leafpool_pool_ids", "IDs ready in the list (LLEN leafpool:{TAG}:ids)",
+     lambda s: float(s.length)),
+    ("leafpool_pool_target_ids", "Pool target: consumption rate x LEAFPOOL_POOL_SECONDS, "
+     "within floor and ceiling", lambda s: _opt(s, "target")),
+    ("leafpool_pool_low_water_ids", "A refill starts when the list is below this",
+     lambda s: _opt(s, "low_water")),
+    ("leafpool_pool_reserve_ids", "IDs allocated from the database, not yet pushed "
+     "(segment mode)", lambda s: float(s.reserve_size)),
+    ("leafpool_pool_reserve_ranges", "Ranges in the reserve list",
+     lambda s: float(len(s.reserve))),
+    ("leafpool_pool_pops_per_second", "Smoothed consumption rate, IDs/s",
+     lambda s: s.float("rate")),
+    ("leafpool_pool_step", "Current segment step (dynamic, Leaf's rule)",
+     lambda s: _opt(s, "step")),
+    ("leafpool_pool_max_id", "max_id of the tag's last segment (leaf_alloc.max_id)",
+     lambda s: _opt(s, "max_id")),
+    ("leafpool_pool_refill_locked", "1 while a refiller holds the tag's lock",
+     lambda s: 1.0 if s.locked else 0.0),
+    ("leafpool_pool_last_refill_timestamp_seconds", "Unix time of the last refill",
+     lambda s: _scaled(s, "last_refill_ms")),
+    ("leafpool_pool_last_error_timestamp_seconds", "Unix time of the last refill error",
+     lambda s: _scaled(s, "last_error_ms")),
+    ("leafpool_db_alloc_last_seconds", "Duration of the last database allocation "
+     "(UPDATE max_id + SELECT, one transaction)", lambda s: _scaled(s, "last_alloc_ms")),
+    ("leafpool_snowflake_last_clock_backwards_timestamp_seconds",
+     "Unix time of the last clock-backwards event of a generator filling the tag",
+     lambda s: _scaled(s, "last_backwards_ms")),
+    ("leafpool_snowflake_last_clock_backwards_offset_seconds",
+     "How far the clock moved back in the last clock-backwards event",
+     lambda s: _scaled(s, "last_backwards_offset_ms")),
+    ("leafpool_snowflake_worker_ids", "Snowflake worker IDs that have refilled the tag",
+     lambda s: _worker_count(s)),
+]
+
+# (metric name without _total, help, state field) for the per-tag counters
+_COUNTERS: list[tuple[str, str, str]] = [
+    ("leafpool_pool_pushed_ids", "IDs pushed into the list", "pushed_total"),
+    ("leafpool_pool_refills", "Refills that completed", "refills"),
+    ("leafpool_pool_refill_failures", "Refills that failed (backend down, stale write, "
+     "exhausted)", "refill_failures"),
+    ("leafpool_pool_empty_hits", "Times a client found the list empty", "empty_hits"),
+    ("leafpool_pool_reserve_takes", "IDs clients took straight from the reserve "
+     "(empty-pool policy 'reserve')", "reserve_takes"),
+    ("leafpool_db_allocations", "Segments allocated from the database", "allocations"),
+    ("leafpool_snowflake_clock_backwards", "Clock-backwards events of the generators "
+     "filling the tag", "backwards_events"),
+]
+
+
+def _opt(snap: Snapshot, name: str) -> float | None:
+    value = snap.state.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except ValueError:
+        return None
+
+
+def _scaled(snap: Snapshot, name: str, factor: float = 1000.0) -> float | None:
+    value = _opt(snap, name)
+    return None if value is None else value / factor
+
+
+def _worker_count(snap: Snapshot) -> float | None:
+    raw = snap.state.get("worker_ids")
+    if raw is None:
+        return None
+    return float(len([w for w in raw.split(",") if w.strip()]))
+
+
+class PoolCollector(Collector):
+    """Reads every tag's keys on each scrape. ``pool`` uses a synchronous Redis client:
+    run :func:`render` in a thread when serving from an event loop."""
+
+    def __init__(self, pool: Pool, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.pool = pool
+        self._clock = clock
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # names depend on what the scrape finds; no collect() at registration
+
+    def collect(self) -> Iterator[Metric]:
+        started = self._clock()
+        up = GaugeMetricFamily("leafpool_up", "1 when Redis answered this scrape")
+        try:
+            snaps = self.pool.snapshots(self.pool.tags())
+        except LeafpoolError as exc:
+            log.warning("metrics: cannot read the pools: %s", exc)
+            up.add_metric([], 0.0)
+            yield up
+            return
+        up.add_metric([], 1.0)
+        yield up
+        yield from self._families(snaps)
+        took = GaugeMetricFamily("leafpool_scrape_duration_seconds",
+                                 "Time this scrape spent reading the pools from Redis")
+        took.add_metric([], self._clock() - started)
+        yield took
+
+    def _families(self, snaps: list[Snapshot]) -> Iterator[Metric]:
+        modes: dict[str, int] = {}
+        for snap in snaps:
+            mode = snap.state.get("mode", "unknown")
+            modes[mode] = modes.get(mode, 0) + 1
+        tags = GaugeMetricFamily("leafpool_tags", "Tags known to the pool, by mode",
+                                 labels=["mode"])
+        for mode, n in sorted(modes.items()):
+            tags.add_metric([mode], float(n))
+        yield tags
+
+        for name, doc, read in _GAUGES:
+            family = GaugeMetricFamily(name, doc, labels=LABELS)
+            for snap in snaps:
+                value = read(snap)
+                if value is not None:
+                    family.add_metric(_labels(snap), value)
+            yield family
+
+        left = GaugeMetricFamily(
+            "leafpool_pool_seconds_left",
+            "Seconds until list + reserve run out at the current rate (absent at rate 0)",
+            labels=LABELS)
+        for snap in snaps:
+            status = tag_status(snap)
+            if status.seconds_left is not None:
+                left.add_metric(_labels(snap), status.seconds_left)
+        yield left
+
+        for name, doc, field in _COUNTERS:
+            counter = CounterMetricFamily(name, doc, labels=LABELS)
+            for snap in snaps:
+                if field in snap.state:
+                    counter.add_metric(_labels(snap), float(snap.int(field)))
+            yield counter
+
+        lease = GaugeMetricFamily(
+            "leafpool_snowflake_lease_state",
+            "Worker-ID lease state reported by the generators filling the tag (1 = current)",
+            labels=[*LABELS, "state"])
+        for snap in snaps:
+            state = snap.state.get("lease_state")
+            if state:
+                lease.add_metric([*_labels(snap), state], 1.0)
+        yield lease
+
+
+# every family this module exports (counters without their ``_total`` suffix); the
+# Grafana dashboard and the README use these names, and a test keeps them in step
+POOL_METRICS: tuple[str, ...] = (
+    "leafpool_up", "leafpool_tags", "leafpool_scrape_duration_seconds",
+    "leafpool_pool_seconds_left", "leafpool_snowflake_lease_state",
+    *(name for name, _, _ in _GAUGES), *(name for name, _, _ in _COUNTERS),
+)
+HTTP_METRICS: tuple[str, ...] = ("leafpool_http_requests", "leafpool_http_request_duration_seconds")
+METRIC_NAMES = POOL_METRICS + HTTP_METRICS
+
+
+@dataclass(frozen=True)
+class HttpMetrics:
+    """Request counter and latency histogram of the HTTP service's ID endpoints."""
+
+    requests: Counter
+    latency: Histogram
+
+
+def http_metrics(registry: CollectorRegistry) -> HttpMetrics:
+    return HttpMetrics(
+        requests=Counter(
+            "leafpool_http_requests", "ID requests answered, by endpoint and status code",
+            ["endpoint", "code"], registry=registry),
+        latency=Histogram(
+            "leafpool_http_request_duration_seconds", "Time to answer an ID request",
+            ["endpoint"], registry=registry,
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                     2.5, 5.0)),
+    )
+
+
+def _labels(snap: Snapshot) -> list[str]:
+    return [snap.tag, snap.state.get("mode", "unknown")]
+
+
+def make_registry(pool: Pool) -> CollectorRegistry:
+    """A registry of its own (not the process-global one) holding the pool collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PoolCollector(pool))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The Prometheus text exposition format."""
+    return generate_latest(registry)
