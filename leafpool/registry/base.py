@@ -342,14 +342,14 @@ class BaseRegistry(WorkerIdRegistry):
             now = self.clock()
         return now
 
-    def _cached_start(self, reason: str) -> Lease:
+    def _cached_start(self, reason: str, cause: BaseException | None = None) -> Lease:
         """The source is unreachable: start from the cache file, with the clock check."""
         record = self.read_cache()
         if record is None:
             raise WorkerIdUnavailable(
                 f"{self.identity}: {reason}, and there is no cache file {self.cache.path} "
                 "to start from"
-            )
+            ) from cause
         validate_worker_id(record.worker_id)
         if self.leased:
             now = self.clock()
@@ -359,7 +359,7 @@ class BaseRegistry(WorkerIdRegistry):
                     f"{record.worker_id} is not held any more (lease_until "
                     f"{record.lease_until}, now {now}): in mode {self.mode} another "
                     "process may own it now, so the cache cannot be used"
-                )
+                ) from cause
         self._verify_clock(record.worker_id, record.last_timestamp,
                            f"the cache file {self.cache.path}")
         self.token = record.token or self.token

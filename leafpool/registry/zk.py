@@ -100,7 +100,7 @@ class ZkRegistry(BaseRegistry):
                                    connect_timeout_s=self.connect_timeout_s, what=self.identity)
         except BackendUnavailable as exc:
             self.node_path = None
-            return self._cached_start(f"ZooKeeper unreachable ({exc})")
+            return self._cached_start(f"ZooKeeper unreachable ({exc})", exc)
         try:
             lease = self._claim_with(client)
         except KAZOO_ERRORS as exc:
