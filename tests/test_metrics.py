@@ -1,0 +1,175 @@
+"""The Prometheus collector against a real Redis after real refills, and the ops files
+that use its metric names (Grafana dashboard, Prometheus scrape config)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from leafpool.client import Client
+from leafpool.config import Settings
+from leafpool.errors import PoolEmpty
+from leafpool.metrics import METRIC_NAMES, POOL_METRICS, make_registry, render
+from leafpool.pool import Pool
+from leafpool.refill import SegmentRefiller
+from leafpool.store import SegmentStore
+from tests.services import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(pool: Pool) -> tuple[set[str], Samples]:
+    """Family names and samples keyed by (sample name, sorted labels)."""
+    families = list(text_string_to_metric_families(render(make_registry(pool)).decode()))
+    samples: Samples = {}
+    for family in families:
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return {f.name for f in families}, samples
+
+
+def tag_labels(tag: str, mode: str = "segment") -> tuple[tuple[str, str], ...]:
+    return (("mode", mode), ("tag", tag))
+
+
+@pytest.fixture
+def refilled(pool: Pool, sqlite_url: str, make_settings: Callable[..., Settings]) -> SegmentStore:
+    store = SegmentStore.from_url(sqlite_url)
+    store.init_schema()
+    store.add_tag("order", step=1000)
+    settings = make_settings(database_url=sqlite_url, pool_floor=2000, pool_ceiling=50_000,
+                             chunk_size=500, reserve_seconds=10, pool_seconds=10)
+    SegmentRefiller(pool, store, settings).refill("order")
+    return store
+
+
+def test_a_real_refill_shows_in_the_metrics(
+    pool: Pool, r: redis.Redis, refilled: SegmentStore
+) -> None:
+    _, samples = scrape(pool)
+    order = tag_labels("order")
+    snap = pool.snapshot("order")
+    assert samples[("leafpool_up", ())] == 1.0
+    assert samples[("leafpool_tags", (("mode", "segment"),))] == 1.0
+    assert samples[("leafpool_pool_ids", order)] == r.llen("leafpool:{order}:ids") == 2000
+    assert samples[("leafpool_pool_target_ids", order)] == snap.int("target")
+    assert samples[("leafpool_pool_low_water_ids", order)] == snap.int("low_water")
+    assert samples[("leafpool_pool_reserve_ids", order)] == snap.reserve_size > 0
+    assert samples[("leafpool_pool_reserve_ranges", order)] == len(snap.reserve)
+    assert samples[("leafpool_pool_step", order)] == snap.int("step")
+    assert samples[("leafpool_pool_max_id", order)] == refilled.get_tag("order").max_id
+    assert samples[("leafpool_pool_refills_total", order)] == 1.0
+    assert samples[("leafpool_pool_pushed_ids_total", order)] == 2000.0
+    assert samples[("leafpool_db_allocations_total", order)] == snap.int("allocations") >= 1
+    assert 0 < samples[("leafpool_db_alloc_last_seconds", order)] < 10
+    assert samples[("leafpool_pool_refill_locked", order)] == 0.0
+    assert samples[("leafpool_pool_last_refill_timestamp_seconds", order)] > 1.7e9
+
+
+def test_empty_hits_and_failures_are_counted(
+    pool: Pool, r: redis.Redis, make_settings: Callable[..., Settings]
+) -> None:
+    pool.register("order", "segment", 0)
+    client = Client(settings=make_settings(), policy="raise")
+    for _ in range(3):
+        with pytest.raises(PoolEmpty):
+            client.next_id("order")
+    r.hincrby("leafpool:{order}:state", "refill_failures", 2)
+    r.hset("leafpool:{order}:state", mapping={"rate": "250.5", "last_error_ms": 1_700_000_000_000})
+    r.rpush("leafpool:{order}:reserve", "1:1002")
+    _, samples = scrape(pool)
+    order = tag_labels("order")
+    assert samples[("leafpool_pool_empty_hits_total", order)] == 3.0
+    assert samples[("leafpool_pool_refill_failures_total", order)] == 2.0
+    assert samples[("leafpool_pool_pops_per_second", order)] == 250.5
+    assert samples[("leafpool_pool_seconds_left", order)] == pytest.approx(1001 / 250.5)
+    assert samples[("leafpool_pool_last_error_timestamp_seconds", order)] == 1_700_000_000.0
+
+
+def test_snowflake_state_becomes_registry_and_clock_metrics(
+    pool: Pool, r: redis.Redis
+) -> None:
+    pool.register("sf", "snowflake", 0, worker_ids="3,7", lease_state="held",
+                  backwards_events=2, last_backwards_ms=1_700_000_000_500,
+                  last_backwards_offset_ms=12)
+    _, samples = scrape(pool)
+    sf = tag_labels("sf", "snowflake")
+    assert samples[("leafpool_tags", (("mode", "snowflake"),))] == 1.0
+    assert samples[("leafpool_snowflake_worker_ids", sf)] == 2.0
+    lease = tuple(sorted((*sf, ("state", "held"))))
+    assert samples[("leafpool_snowflake_lease_state", lease)] == 1.0
+    assert samples[("leafpool_snowflake_clock_backwards_total", sf)] == 2.0
+    assert samples[("leafpool_snowflake_last_clock_backwards_offset_seconds", sf)] == 0.012
+    assert samples[("leafpool_snowflake_last_clock_backwards_timestamp_seconds", sf)] == (
+        1_700_000_000.5)
+
+
+def test_every_documented_name_is_exported(
+    pool: Pool, r: redis.Redis, refilled: SegmentStore
+) -> None:
+    pool.register("sf", "snowflake", 0, worker_ids="1", lease_state="held",
+                  backwards_events=1, last_backwards_ms=1, last_backwards_offset_ms=1)
+    for field in ("empty_hits", "reserve_takes", "refill_failures"):
+        r.hincrby("leafpool:{order}:state", field, 1)
+    r.hset("leafpool:{order}:state", mapping={"rate": 10, "last_error_ms": 1})
+    names, _ = scrape(pool)
+    assert names == set(POOL_METRICS)
+
+
+def test_a_scrape_with_redis_down_reports_up_0() -> None:
+    dead = Pool(redis.Redis(port=free_port(), socket_connect_timeout=1), "leafpool")
+    names, samples = scrape(dead)
+    assert names == {"leafpool_up"}
+    assert samples[("leafpool_up", ())] == 0.0
+
+
+# -- the ops files that use the names ------------------------------------------------------
+
+_NAME_RE = re.compile(r"\bleafpool_[a-z_]+")
+_SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
+
+
+def _family(name: str) -> str:
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix) and name[: -len(suffix)] in METRIC_NAMES:
+            return name[: -len(suffix)]
+    return name
+
+
+def test_grafana_dashboard_is_valid_and_uses_exported_names() -> None:
+    dashboard = json.loads((ROOT / "ops" / "grafana" / "leafpool-dashboard.json").read_text())
+    assert dashboard["title"] and dashboard["uid"] and dashboard["schemaVersion"] >= 30
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    assert len(panels) >= 8
+    used: set[str] = set()
+    for panel in panels:
+        assert panel["title"] and panel["gridPos"]["w"] > 0
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            used |= {_family(n) for n in _NAME_RE.findall(target["expr"])}
+    unknown = used - set(METRIC_NAMES)
+    assert unknown == set()
+    must_show = {"leafpool_pool_ids", "leafpool_pool_target_ids", "leafpool_pool_pops_per_second",
+                 "leafpool_pool_empty_hits", "leafpool_pool_refill_failures",
+                 "leafpool_db_alloc_last_seconds", "leafpool_snowflake_clock_backwards",
+                 "leafpool_up", "leafpool_http_request_duration_seconds"}
+    assert must_show <= used
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "tag"} <= variables
+
+
+def test_prometheus_scrapes_the_http_service() -> None:
+    config = yaml.safe_load((ROOT / "ops" / "prometheus" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    job = jobs["leafpool"]
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+    targets = [t for group in job["static_configs"] for t in group["targets"]]
+    assert "http:8080" in targets  # the compose service name and port
