@@ -18,6 +18,7 @@ from leafpool.config import Settings
 from leafpool.errors import PoolEmpty
 from leafpool.metrics import METRIC_NAMES, POOL_METRICS, make_registry, render
 from leafpool.pool import Pool
+from leafpool.redis_conn import connect
 from leafpool.refill import SegmentRefiller
 from leafpool.store import SegmentStore
 from tests.services import free_port
@@ -125,7 +126,7 @@ def test_every_documented_name_is_exported(
 
 
 def test_a_scrape_with_redis_down_reports_up_0() -> None:
-    dead = Pool(redis.Redis(port=free_port(), socket_connect_timeout=1), "leafpool")
+    dead = Pool(connect(f"redis://127.0.0.1:{free_port()}/0"), "leafpool")
     names, samples = scrape(dead)
     assert names == {"leafpool_up"}
     assert samples[("leafpool_up", ())] == 0.0
