@@ -551,7 +551,7 @@ _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;margin:0.5em 0 1.5em}
 th,td{border:1px solid #ccc;padding:4px 8px;text-align:right;vertical-align:top}
-th{background:#f3f3f3}td.tag,td.text{text-align:left}
+th{background:#f3f3f3}th:first-child,td.tag,td.text{text-align:left}
 td.err{color:#b00;text-align:left;max-width:28em;word-break:break-word}
 tr.low td.ready{background:#fff3cd}tr.empty td.ready{background:#f8d7da}
 .banner{padding:8px;background:#f8d7da;border:1px solid #b00}.meta{color:#666}
