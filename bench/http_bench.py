@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
                 measure(f"single ID: GET /api/segment/get/{{tag}}, {args.connections} conns",
                         single, 1, loadgen, args.duration, args.connections, proc.pid,
                         server.proc.pid),
-                measure("single ID, 4 connections (latency below saturation)", single, 1,
+                measure("single ID, 4 connections (shallow queue)", single, 1,
                         loadgen, args.duration, 4, proc.pid, server.proc.pid),
                 measure(f"batch: ?count={args.batch}, {args.connections} conns", batch,
                         args.batch, loadgen,
