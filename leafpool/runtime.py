@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -15,11 +16,18 @@ from leafpool.redis_conn import connect
 from leafpool.refill import SegmentRefiller
 from leafpool.store import SegmentStore
 
+if TYPE_CHECKING:
+    from leafpool.registry.leased import LeasedGenerator
+    from leafpool.snowflake_pool import SnowflakeRefiller
+
 
 class Runtime:
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, identity: str | None = None) -> None:
         self.settings = settings or get_settings()
         self.pid = os.getpid()
+        self.identity = identity
+        self._generator: LeasedGenerator | None = None
+        self._snowflake: SnowflakeRefiller | None = None
 
     @cached_property
     def redis(self) -> redis.Redis:
@@ -37,7 +45,25 @@ class Runtime:
     def refiller(self) -> SegmentRefiller:
         return SegmentRefiller(self.pool, self.store, self.settings)
 
+    def snowflake_refiller(self) -> SnowflakeRefiller:
+        """This process's snowflake refiller; its worker ID is claimed on first use (in a
+        Celery worker: after the fork) and released by :meth:`close`."""
+        if self._snowflake is None:
+            from leafpool.registry import LeasedGenerator, default_identity, open_registry
+            from leafpool.snowflake_pool import SnowflakeRefiller
+
+            identity = self.identity or default_identity()
+            generator = LeasedGenerator(open_registry(self.settings, identity), self.settings)
+            generator.start()
+            self._generator = generator
+            self._snowflake = SnowflakeRefiller(self.pool, generator, self.settings)
+        return self._snowflake
+
     def close(self) -> None:
+        if self._generator is not None:
+            self._generator.close()
+            self._generator = None
+            self._snowflake = None
         if "redis" in self.__dict__:
             self.redis.close()
         if "store" in self.__dict__:

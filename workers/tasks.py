@@ -31,6 +31,25 @@ def refill_segment(tag: str, force: bool = False) -> dict[str, object]:
         return {"tag": tag, "skipped": "unknown tag"}
 
 
+@app.task(
+    name="leafpool.refill_snowflake",
+    autoretry_for=(BackendUnavailable,),
+    retry_backoff=1,
+    retry_backoff_max=int(settings.refill_retry_backoff_max),
+    retry_jitter=True,
+    max_retries=settings.refill_retry_max,
+)
+def refill_snowflake(tag: str, force: bool = False) -> dict[str, object]:
+    """Refill one snowflake tag from this process's worker ID (claimed on first use)."""
+    rt = runtime()
+    rt.pool.clear_queued(tag)
+    try:
+        return rt.snowflake_refiller().refill(tag, force=force).as_dict()
+    except UnknownTag:
+        log.info("%s: not a tag any more, refill dropped", tag)
+        return {"tag": tag, "skipped": "unknown tag"}
+
+
 @app.task(name="leafpool.sweep")
 def sweep() -> dict[str, object]:
     """Queue a refill for every tag below its low-water mark or found empty."""
@@ -40,7 +59,11 @@ def sweep() -> dict[str, object]:
     for tag, mode, force in sync.sweep(rt.pool, queued_seconds=wait):
         if mode == "segment":
             refill_segment.delay(tag, force)
-            queued.append(tag)
+        elif mode == "snowflake":
+            refill_snowflake.delay(tag, force)
+        else:
+            continue
+        queued.append(tag)
     return {"queued": queued}
 
 
@@ -51,5 +74,8 @@ def sync_tags() -> dict[str, object]:
     rt = runtime()
     result = sync.sync_tags(rt.pool, rt.store)
     for tag in result.added:
-        refill_segment.delay(tag)
+        if rt.pool.mode(tag) == "snowflake":
+            refill_snowflake.delay(tag)
+        else:
+            refill_segment.delay(tag)
     return result.as_dict()
