@@ -239,6 +239,34 @@ def pop(
 
 @app.command()
 @reports_errors
+def decode(
+    snowflake_id: Annotated[str, typer.Argument(metavar="ID", help="A snowflake ID")],
+    as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,
+) -> None:
+    """Decode a snowflake ID: timestamp (ms and ISO 8601), worker ID, sequence."""
+    from leafpool.snowflake import decode as decode_id
+
+    d = decode_id(snowflake_id, get_settings().snowflake_epoch)
+    if as_json:
+        out.print_json(json.dumps({"id": snowflake_id, "timestamp_ms": d.timestamp_ms,
+                                   "iso": d.iso, "worker_id": d.worker_id,
+                                   "sequence": d.sequence}))
+        return
+    out.print(f"timestamp {d.timestamp_ms} ({d.iso})  worker {d.worker_id}  "
+              f"sequence {d.sequence}", highlight=False)
+
+
+@app.command()
+@reports_errors
+def serve() -> None:
+    """Run the HTTP service (Leaf-compatible API, /cache, /metrics, /health)."""
+    from leafpool.http import serve as run
+
+    run(get_settings())
+
+
+@app.command()
+@reports_errors
 def up(
     tag: Annotated[str, typer.Option(help="The demo tag to register")] = "demo",
 ) -> None:

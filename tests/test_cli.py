@@ -95,3 +95,16 @@ def test_snowflake_tags_are_declared_listed_and_removed(cli: Run, database_url: 
     assert cli("tag", "add", "flake", "--step", "10").returncode == 2  # one name, one tag
     assert cli("tag", "remove", "flake").returncode == 0
     assert SegmentStore.from_url(database_url).list_snowflake_tags() == []
+
+
+def test_decode_agrees_with_leafs_decoder(cli: Run) -> None:
+    # timestamp 1567733700834, worker 39, sequence 3448 on Leaf's epoch
+    snowflake_id = ((1567733700834 - 1288834974657) << 22) | (39 << 12) | 3448
+    result = cli("decode", str(snowflake_id), "--json")
+    assert result.returncode == 0, result.stderr
+    decoded = json.loads(result.stdout)
+    assert (decoded["timestamp_ms"], decoded["worker_id"], decoded["sequence"]) == (
+        1567733700834, 39, 3448)
+    assert decoded["iso"].startswith("2019-09-06T01:35:00.834")
+    bad = cli("decode", "-5")
+    assert bad.returncode == 2 and "not valid" in bad.stderr
