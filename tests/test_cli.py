@@ -106,5 +106,6 @@ def test_decode_agrees_with_leafs_decoder(cli: Run) -> None:
     assert (decoded["timestamp_ms"], decoded["worker_id"], decoded["sequence"]) == (
         1567733700834, 39, 3448)
     assert decoded["iso"].startswith("2019-09-06T01:35:00.834")
-    bad = cli("decode", "-5")
-    assert bad.returncode == 2 and "not valid" in bad.stderr
+    for bad_id in ("x12", str(2**63)):
+        bad = cli("decode", bad_id)
+        assert bad.returncode == 2 and f"id='{bad_id}' is not valid" in bad.stderr
