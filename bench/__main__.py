@@ -32,17 +32,26 @@ def pop_table(results: list[Result]) -> Table:
 
 
 def snowflake_section() -> None:
-    try:
-        from bench import snowflake_bench  # type: ignore[attr-defined]
-    except ImportError:
-        return
+    from bench import snowflake_bench
+
     snowflake_bench.main()
+
+
+def http_section() -> None:
+    from bench import http_bench
+
+    http_bench.main([])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--quick", action="store_true", help="fewer operations")
+    parser.add_argument("--only", choices=["", "pools", "snowflake", "http"], default="",
+                        help="one section")
     args = parser.parse_args()
+    if args.only in ("snowflake", "http"):
+        snowflake_section() if args.only == "snowflake" else http_section()
+        return
     single, batch = (5_000, 1_000) if args.quick else (20_000, 4_000)
     started = time.monotonic()
     console.print(f"leafpool benchmarks on {platform.node()} ({platform.machine()}, "
@@ -118,7 +127,10 @@ def main() -> None:
                   f"{many_durable / many_everysec:.2f}x")
     console.print(other)
 
-    snowflake_section()
+    if args.only in ("", "snowflake"):
+        snowflake_section()
+    if args.only in ("", "http"):
+        http_section()
     console.print(f"total {time.monotonic() - started:.0f} s")
 
 
