@@ -156,3 +156,42 @@ def test_a_second_beat_stands_by_and_takes_over_when_the_first_goes(
     services.wait_until(lambda: "holds the beat lock" in log.read_text(), 60,
                         "second beat taking over")
     assert r.get("leafpool:beat:lock") != holder
+
+
+def test_snowflake_pools_fill_from_worker_ids_leased_in_zookeeper(
+    sqlite_url: str, redis_url: str, zk_hosts: str, r: redis.Redis, tmp_path: Path,
+    procs: list[Proc],
+) -> None:
+    from kazoo.client import KazooClient
+
+    from leafpool.snowflake import decode
+
+    store = SegmentStore.from_url(sqlite_url)
+    store.init_schema()
+    store.add_snowflake_tag("orderno")
+    name = f"e2e{tmp_path.name[-8:].replace('-', '')}"
+    env = leafpool_env(redis_url=redis_url, database_url=sqlite_url, zk_hosts=zk_hosts,
+                       snowflake_mode="zk", snowflake_name=name, sweep_seconds=0.5,
+                       tag_sync_seconds=1, snowflake_cache_dir=str(tmp_path / "cache"))
+    procs.append(worker(env, tmp_path / "worker.log"))
+    procs.append(beat(env, tmp_path))
+    services.wait_until(_has_ids(r, "orderno", 1000), 60, "snowflake pool filled")
+    seen: list[int] = []
+
+    def popped_enough() -> bool:  # keep popping so refills keep coming
+        seen.extend(int(x) for x in r.lpop("leafpool:{orderno}:ids", 1000) or [])
+        return len(seen) >= 20_000
+
+    services.wait_until(popped_enough, 120, "20,000 snowflake IDs popped")
+    assert seen == sorted(set(seen))
+    workers = {decode(i).worker_id for i in seen}
+    zk = KazooClient(hosts=zk_hosts)
+    zk.start(timeout=20)
+    try:
+        nodes = zk.get_children(f"/snowflake/{name}/forever")
+    finally:
+        zk.stop()
+    # the worker IDs in the IDs are the sequence numbers of the processes' ZooKeeper nodes
+    assert workers <= {int(n.rsplit("-", 1)[1]) for n in nodes}
+    state = r.hgetall("leafpool:{orderno}:state")
+    assert state[b"mode"] == b"snowflake" and state[b"lease_state"].startswith(b"held (zk")
