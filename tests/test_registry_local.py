@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from leafpool.config import Settings, load_settings
-from leafpool.errors import ClockMovedBackwards, ConfigurationError, WorkerIdUnavailable
+from leafpool.errors import (
+    ClockMovedBackwards,
+    ConfigurationError,
+    InvalidArgument,
+    WorkerIdUnavailable,
+)
 from leafpool.registry import LeasedGenerator, open_registry
 from leafpool.registry.cache import CacheFile, CacheRecord
 from leafpool.registry.identity import safe_identity, unsafe_identity
@@ -251,6 +256,9 @@ def test_check_and_record_need_a_claim(settings: Callable[..., Settings]) -> Non
     reg.claim()
     reg.check()
     assert reg.claim() is reg.lease  # idempotent while held
+    for bad in (-1, 1.5, True, "5"):
+        with pytest.raises(InvalidArgument):
+            reg.record_high_water(bad)  # type: ignore[arg-type]
     reg.release()
     with pytest.raises(WorkerIdUnavailable):
         reg.check()

@@ -17,7 +17,7 @@ from leafpool.registry.recycle import RecycleRegistry
 from leafpool.snowflake import decode, wall_clock_ms
 from tests import services
 from tests.ms_clock import MsClock
-from tests.zk_helpers import StateLog, expire_session, raw_client, unique_name
+from tests.zk_helpers import StateLog, expire_session, raw_client, unique_name, wait_serving
 
 Factory = Callable[..., RecycleRegistry]
 
@@ -56,10 +56,18 @@ def make(zk_hosts: str, name: str, tmp_path: Path) -> Iterator[Factory]:
         reg.release()
 
 
+@pytest.fixture
+def zk_hosts(zk_server: services.Server) -> str:
+    """The session's ZooKeeper, once it serves (its port opens before it does)."""
+    wait_serving(zk_server.extra["hosts"])
+    return zk_server.extra["hosts"]
+
+
 @pytest.fixture(scope="module")
 def own_zk() -> Iterator[services.Server]:
     """A ZooKeeper of its own for the test that kills it."""
     server = services.zookeeper_server()
+    wait_serving(server.extra["hosts"])
     yield server
     server.stop()
 
@@ -193,6 +201,7 @@ def test_suspended_connection_self_fences_at_once(own_zk: services.Server, name:
         assert "SUSPENDED" in str(err.value)
     finally:
         own_zk.start()
+        wait_serving(own_zk.extra["hosts"])
     # the same session comes back (before its timeout): still fenced until a renew
     states.wait_for("SUSPENDED", "CONNECTED", timeout=15)
     assert reg.fenced is None

@@ -21,7 +21,7 @@ from leafpool.snowflake import decode, wall_clock_ms
 from tests import services
 from tests.ms_clock import MsClock
 from tests.snowflake_worker import run as run_worker
-from tests.zk_helpers import StateLog, expire_session, raw_client, unique_name
+from tests.zk_helpers import StateLog, expire_session, raw_client, unique_name, wait_serving
 
 Factory = Callable[..., ZkRegistry]
 
@@ -59,10 +59,18 @@ def make(zk_hosts: str, name: str, tmp_path: Path) -> Iterator[Factory]:
         reg.release()
 
 
+@pytest.fixture
+def zk_hosts(zk_server: services.Server) -> str:
+    """The session's ZooKeeper, once it serves (its port opens before it does)."""
+    wait_serving(zk_server.extra["hosts"])
+    return zk_server.extra["hosts"]
+
+
 @pytest.fixture(scope="module")
 def own_zk() -> Iterator[services.Server]:
     """A ZooKeeper of its own for the tests that kill it."""
     server = services.zookeeper_server()
+    wait_serving(server.extra["hosts"])
     yield server
     server.stop()
 
@@ -302,6 +310,7 @@ def test_zookeeper_down_at_start_uses_the_cache_with_the_clock_check(
         assert "no cache file" in str(err2.value)
     finally:
         own_zk.start()
+        wait_serving(own_zk.extra["hosts"])
     clock.advance(1_000)
     reg.tick()  # ZooKeeper answers again: worker ID confirmed, high-water synced
     assert not reg.degraded and not reg.pending_sync

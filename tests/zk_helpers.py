@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,6 +53,25 @@ class StateLog:
                 raise TimeoutError(f"states {sequence} not seen in {timeout}s: {self.states}")
 
 
+def wait_serving(hosts: str, timeout: float = 30.0) -> None:
+    """Until ZooKeeper serves. Bounded polling of its ``srvr`` command: the client port
+    opens before the server has loaded its data, and nothing tells us when it has."""
+    host, _, port = hosts.partition(":")
+    deadline = time.monotonic() + timeout
+    answer = b""
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, int(port)), timeout=1) as sock:
+                sock.sendall(b"srvr")
+                answer = sock.recv(4096)
+            if answer.startswith(b"Zookeeper version"):
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"ZooKeeper {hosts} not serving after {timeout}s: {answer!r}")
+
+
 def expire_session(client: KazooClient, hosts: str) -> None:
     """Expire ``client``'s session from the server side: a second client joins the same
     session (id and password) and closes it, as if the holder had gone silent past the
@@ -62,4 +83,5 @@ def expire_session(client: KazooClient, hosts: str) -> None:
     other.close()
 
 
-__all__ = ["KazooState", "StateLog", "expire_session", "raw_client", "unique_name"]
+__all__ = ["KazooState", "StateLog", "expire_session", "raw_client", "unique_name",
+           "wait_serving"]

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from leafpool.config import Settings
-from leafpool.errors import ClockMovedBackwards, WorkerIdUnavailable
+from leafpool.errors import ClockMovedBackwards, InvalidArgument, WorkerIdUnavailable
 from leafpool.registry.cache import CacheFile, CacheRecord
 from leafpool.registry.identity import safe_identity, split_identity, validate_name
 from leafpool.snowflake import iso_utc, validate_worker_id, wall_clock_ms
@@ -73,8 +73,10 @@ def clock_behind(worker_id: int, now: int, recorded: int, where: str) -> ClockMo
 class Ticker:
     """A daemon thread calling ``fn`` every ``interval`` seconds until stopped."""
 
-    def __init__(self, interval: float, fn: Callable[[], None], name: str) -> None:
+    def __init__(self, interval: float, fn: Callable[[], None], name: str,
+                 label: str = "") -> None:
         self.interval = interval
+        self.label = label or name
         self._fn = fn
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -92,7 +94,7 @@ class Ticker:
             try:
                 self._fn()
             except Exception:
-                log.exception("%s: tick failed", self._thread.name)
+                log.exception("%s: background tick failed", self.label)
 
 
 class WorkerIdRegistry(ABC):
@@ -215,11 +217,13 @@ class BaseRegistry(WorkerIdRegistry):
                      lease.last_timestamp_ms)
         if self.background:
             self._ticker = Ticker(self._tick_interval(), self.tick,
-                                  f"leafpool-{self.mode}-{lease.worker_id}")
+                                  f"leafpool-{self.mode}-{lease.worker_id}", self.identity)
             self._ticker.start()
         return lease
 
     def record_high_water(self, ms: int) -> None:
+        if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
+            raise InvalidArgument("ms", ms, "a timestamp in ms since 1970 (integer >= 0)")
         with self._io:
             lease = self._require_lease()
             if ms <= self._high_water:

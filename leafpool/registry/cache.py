@@ -107,14 +107,15 @@ class CacheFile:
             ) from exc
 
 
-def read_all(directory: Path) -> list[tuple[Path, CacheRecord]]:
-    """Every readable cache record in ``directory`` (corrupt files are logged, skipped)."""
+def read_all(directory: Path, identity: str) -> list[tuple[Path, CacheRecord]]:
+    """Every readable cache record in ``directory`` (corrupt files are logged by
+    ``identity``, the reader, and skipped)."""
     records = []
     for path in sorted(directory.glob("*.json")):
         try:
             record = CacheFile(path).read()
         except WorkerIdUnavailable as exc:
-            log.warning("%s", exc)
+            log.warning("%s: skipped: %s", identity, exc)
             continue
         if record is not None:
             records.append((path, record))

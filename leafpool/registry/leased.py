@@ -96,7 +96,8 @@ class LeasedGenerator:
         try:
             self.registry.release(last_emitted_ms=last)
         except LeafpoolError as exc:
-            log.warning("releasing the worker ID failed: %s", exc)
+            wid = self.lease.worker_id if self.lease else -1
+            log.warning("worker %d: releasing the worker ID failed: %s", wid, exc)
         self.generator = None
         self.lease = None
 

@@ -102,7 +102,7 @@ class LocalRegistry(BaseRegistry):
         try:
             own = self.read_cache()
             recorded, where = 0, "no cache file yet"
-            for path, record in read_all(self.cache_dir):
+            for path, record in read_all(self.cache_dir, self.identity):
                 mine = record.identity == self.identity
                 if (record.worker_id == worker_id or mine) and record.last_timestamp > recorded:
                     recorded, where = record.last_timestamp, f"the cache file {path}"

@@ -291,10 +291,28 @@ class ZkRegistry(BaseRegistry):
                         "(ZooKeeper unreachable; synced when it answers)", self.identity,
                         lease.worker_id, ms)
 
+    def tick(self) -> None:
+        """Started from the cache: try ZooKeeper again first. The connect attempt runs
+        without the registry's lock, so record_high_water never waits for it."""
+        lease = self._lease
+        if lease is not None and self._fenced is None and self.node_path is None:
+            try:
+                client, info = connect(self.hosts,
+                                       session_timeout_s=self.settings.snowflake_lease_seconds,
+                                       connect_timeout_s=min(2.0, self.connect_timeout_s),
+                                       what=self.identity)
+            except BackendUnavailable:
+                pass
+            else:
+                with self._io:
+                    if self._lease is lease and self.node_path is None:
+                        self._reconnect(lease, client, info)
+                    else:
+                        close(client)
+        super().tick()
+
     def _tick(self, lease: Lease) -> None:
         now = self.clock()
-        if self.node_path is None:
-            self._reconnect(lease)
         ts = max(now, self._high_water)
         client = self._connected()
         if client is not None and self._write_forever(client, ts):
@@ -323,16 +341,9 @@ class ZkRegistry(BaseRegistry):
         except KAZOO_ERRORS as exc:
             log.warning("%s: re-creating %s failed: %r", self.identity, self.temp_path, exc)
 
-    def _reconnect(self, lease: Lease) -> None:
-        """Started from the cache: once ZooKeeper answers, check that it agrees on the
-        worker ID and sync the high-water mark."""
-        try:
-            client, info = connect(self.hosts,
-                                   session_timeout_s=self.settings.snowflake_lease_seconds,
-                                   connect_timeout_s=min(2.0, self.connect_timeout_s),
-                                   what=self.identity)
-        except BackendUnavailable:
-            return
+    def _reconnect(self, lease: Lease, client: KazooClient, info: SessionInfo) -> None:
+        """Started from the cache: ZooKeeper answers again. Check that it agrees on the
+        worker ID; the tick then syncs the high-water mark."""
         try:
             client.ensure_path(self.forever)
             client.ensure_path(self.temporary)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -76,21 +77,24 @@ def connect(hosts: str, *, session_timeout_s: float, connect_timeout_s: float,
     try:
         client.start(timeout=connect_timeout_s)
     except KAZOO_ERRORS as exc:
-        close(client)
+        # kazoo's stop waits for a connect attempt in flight (up to the session
+        # timeout): let it finish in the background, the caller has waited enough
+        threading.Thread(target=close, args=(client, what), name="leafpool-zk-close",
+                         daemon=True).start()
         raise BackendUnavailable(f"{what}: ZooKeeper {hosts} unreachable: {exc!r}") from exc
     log.debug("%s: connected to ZooKeeper %s (session timeout %.1fs)", what, hosts,
               info.timeout_s)
     return client, info
 
 
-def close(client: KazooClient | None) -> None:
+def close(client: KazooClient | None, what: str = "leafpool") -> None:
     if client is None:
         return
     try:
         client.stop()
         client.close()
     except KAZOO_ERRORS as exc:  # pragma: no cover - closing a broken client
-        log.debug("closing kazoo client: %r", exc)
+        log.debug("%s: closing the ZooKeeper client: %r", what, exc)
 
 
 def dump(data: dict[str, Any]) -> bytes:
