@@ -182,12 +182,13 @@ def status(
         if as_json:
             out.print_json(json.dumps([r.as_dict() for r in rows]))
         else:
-            table = Table("tag", "mode", "ready/target", "reserve", "step", "max_id",
+            table = Table("tag", "mode", "ready/target", "reserve", "step/workers", "max_id",
                           "pops/s", "left", "refilled", "result", "empty", "last error")
             for r in rows:
                 table.add_row(
                     r.tag, r.mode, f"{r.length:,}/{r.target:,}", f"{r.reserve_size:,}",
-                    f"{r.step:,}", "-" if r.max_id is None else str(r.max_id),
+                    f"{r.step:,}" if r.mode == "segment" else f"w {r.worker_ids or '-'}",
+                    "-" if r.max_id is None else str(r.max_id),
                     f"{r.rate:,.1f}", _fmt_seconds(r.seconds_left), age(r.last_refill_ms),
                     r.last_refill_result, str(r.empty_hits),
                     f"{r.last_error} ({age(r.last_error_ms)})" if r.last_error else "",

@@ -34,6 +34,9 @@ class TagStatus:
     refill_failures: int
     locked: bool
     hwm: str
+    worker_ids: str = ""
+    lease_state: str = ""
+    backwards_events: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -69,6 +72,9 @@ def tag_status(snap: Snapshot) -> TagStatus:
         refill_failures=snap.int("refill_failures"),
         locked=snap.locked,
         hwm=snap.state.get("hwm", ""),
+        worker_ids=snap.state.get("worker_ids", ""),
+        lease_state=snap.state.get("lease_state", ""),
+        backwards_events=snap.int("backwards_events"),
     )
 
 
