@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,7 +73,7 @@ def own_zk() -> Iterator[services.Server]:
     server.stop()
 
 
-def hw_of(hosts: str, reg: RecycleRegistry, worker_id: int) -> dict[str, object]:
+def hw_of(hosts: str, reg: RecycleRegistry, worker_id: int) -> dict[str, Any]:
     with raw_client(hosts) as client:
         raw, _ = client.get(reg.hw_path(worker_id))
     return dict(json.loads(raw))
@@ -258,7 +259,7 @@ def test_background_renew_keeps_the_lease(make: Factory, zk_hosts: str, name: st
         assert isinstance(first, int)
         # bounded polling: the renew thread writes every 0.2 s; we cannot be told earlier
         services.wait_until(
-            lambda: int(hw_of(zk_hosts, reg, 0)["timestamp"]) > first, 5, "a renew")  # type: ignore[call-overload]
+            lambda: hw_of(zk_hosts, reg, 0)["timestamp"] > first, 5, "a renew")
         reg.check()
     finally:
         reg.release()

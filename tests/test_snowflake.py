@@ -6,6 +6,7 @@ import itertools
 import random
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -22,8 +23,8 @@ from leafpool.snowflake import (
 from tests.ms_clock import LEAF_EPOCH_MS, T0, MsClock
 
 
-def make(clock: MsClock, worker_id: int = 7, **kwargs: object) -> SnowflakeGenerator:
-    return SnowflakeGenerator(worker_id, clock=clock, sleep=clock.sleep,  # type: ignore[arg-type]
+def make(clock: MsClock, worker_id: int = 7, **kwargs: Any) -> SnowflakeGenerator:
+    return SnowflakeGenerator(worker_id, clock=clock, sleep=clock.sleep,
                               rng=random.Random(1), **kwargs)
 
 
