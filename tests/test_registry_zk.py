@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import multiprocessing
+import shutil
 from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -358,3 +359,43 @@ def test_four_processes_200k_ids_each_all_unique(zk_hosts: str, name: str,
         all_ids.extend(ids)
     assert worker_ids == {0, 1, 2, 3}
     assert len(all_ids) == 800_000 and len(set(all_ids)) == 800_000
+
+
+# -- the shipped ZooKeeper configuration -------------------------------------------------
+
+def test_shipped_zoo_cfg_starts_and_grants_the_default_lease(tmp_path: Path,
+                                                             name: str) -> None:
+    shipped = (services.ROOT / "ops" / "zookeeper" / "zoo.cfg").read_text()
+    conf = dict(line.split("=", 1) for line in shipped.splitlines()
+                if line.strip() and not line.startswith("#"))
+    default_lease_ms = load_settings().snowflake_lease_seconds * 1000
+    assert int(conf["minSessionTimeout"]) <= default_lease_ms <= int(conf["maxSessionTimeout"])
+    assert conf["forceSync"] == "yes"
+    port = services.free_port()
+    local = {"dataDir": str(tmp_path / "zk"), "dataLogDir": str(tmp_path / "zk" / "log"),
+             "clientPort": str(port)}
+    text = "\n".join(f"{k}={local.get(k, v)}" for k, v in conf.items())
+    cfg = tmp_path / "zoo.cfg"
+    cfg.write_text(text + "\nclientPortAddress=127.0.0.1\n")
+    (tmp_path / "zk").mkdir()
+    java = shutil.which("java")
+    if java is None or not Path(services.ZK_CLASSPATH[0]).exists():
+        services.missing("zookeeper (Debian package) or java")
+    classpath = ":".join(p for p in services.ZK_CLASSPATH if Path(p).exists())
+    server = services.Server(
+        "zookeeper-shipped", port, tmp_path, [
+            str(java), "-Xmx256m", "-cp", classpath,
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)],
+        tmp_path / "zk.log")
+    server.start(timeout=60)
+    try:
+        hosts = f"127.0.0.1:{port}"
+        wait_serving(hosts)
+        reg = open_registry(_settings(hosts, name, tmp_path), "host-a:w:0", background=False)
+        assert isinstance(reg, ZkRegistry)
+        assert reg.claim().worker_id == 0
+        assert reg.session is not None
+        assert reg.session.negotiated_s == load_settings().snowflake_lease_seconds
+        reg.release()
+    finally:
+        server.stop()
