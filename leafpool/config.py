@@ -71,6 +71,9 @@ class Settings(BaseSettings):
     snowflake_max_backwards_ms: int = Field(5, ge=0)
     snowflake_peer_skew_ms: int = Field(5_000, ge=0)
     snowflake_report_seconds: float = Field(3.0, gt=0)
+    # a start whose clock is behind the recorded timestamp by at most this waits for the
+    # clock to pass it (a restart after a crash, within the window recorded ahead)
+    snowflake_start_wait_ms: int = Field(3_000, ge=0, le=60_000)
     snowflake_lease_seconds: float = Field(30.0, gt=0)
     snowflake_renew_seconds: float = Field(10.0, gt=0)
     snowflake_exhaustion_warn_days: int = Field(365, ge=0)

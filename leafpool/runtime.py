@@ -53,7 +53,9 @@ class Runtime:
             from leafpool.snowflake_pool import SnowflakeRefiller
 
             identity = self.identity or default_identity()
-            generator = LeasedGenerator(open_registry(self.settings, identity), self.settings)
+            registry = open_registry(self.settings, identity,
+                                     start_wait_ms=self.settings.snowflake_start_wait_ms)
+            generator = LeasedGenerator(registry, self.settings)
             generator.start()
             self._generator = generator
             self._snowflake = SnowflakeRefiller(self.pool, generator, self.settings)

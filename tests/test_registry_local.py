@@ -58,7 +58,6 @@ def test_map_format() -> None:
 
 
 @pytest.mark.parametrize("value,why", [
-    ("", "required"),
     ("host-a:n:0", "identity=worker_id"),
     ("=3", "identity=worker_id"),
     ("a=1024", "0 to 1023"),
@@ -281,3 +280,23 @@ def test_background_ticker_runs_and_stops(settings: Callable[..., Settings]) -> 
     assert ticker is not None and ticker._thread.is_alive()
     reg.release()
     assert not ticker._thread.is_alive()
+
+
+# -- empty map: the lowest worker ID free on this host (the embedded default) ------------
+
+def test_an_empty_map_gives_each_process_on_the_host_its_own_worker_id(
+    settings: Callable[..., Settings]
+) -> None:
+    clock = MsClock()
+    s = settings(snowflake_local_map="")
+    first = registry(s, "h:n:0", clock)
+    second = registry(s, "h:n:1", clock)
+    assert first.claim().worker_id == 0
+    lease = second.claim()
+    assert (lease.worker_id, lease.source) == (1, "local-host")
+    first.release()
+    # a restart of the second identity gets its worker ID back, even with 0 free now
+    second.release()
+    again = registry(s, "h:n:1", clock)
+    assert again.claim().worker_id == 1
+    assert registry(s, "h:n:2", clock).claim().worker_id == 0

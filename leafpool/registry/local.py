@@ -8,7 +8,10 @@ whose processes never change.
   it may contain ``:`` and ``-``; the worker ID follows the last ``=``; whitespace
   around entries is ignored; two identities may not share a worker ID), or
 - a single bare number, e.g. ``7``: every process using this setting takes worker ID 7
-  (for a single generator process per host and name).
+  (for a single generator process per host and name), or
+- empty (the embedded default): each process takes the lowest worker ID that no other
+  process on this host holds, preferring the one its identity had before. Safe on ONE
+  host only: two hosts sharing a Redis must use a map, or ``zk``/``zk_recycle``/``mysql``.
 
 A worker ID is also locked on the host (``flock`` on
 ``{snowflake_cache_dir}/{name}/worker-NNNN.lock``) for as long as it is held, so two
@@ -35,12 +38,12 @@ log = logging.getLogger(__name__)
 MAP_ENV = "LEAFPOOL_SNOWFLAKE_LOCAL_MAP"
 
 
-def parse_local_map(value: str) -> dict[str, int] | int:
-    """``{identity: worker_id}``, or an int for a bare number."""
+def parse_local_map(value: str) -> dict[str, int] | int | None:
+    """``{identity: worker_id}``, an int for a bare number, None when empty (the lowest
+    worker ID free on this host)."""
     text = value.strip()
     if not text:
-        raise ConfigurationError(MAP_ENV, value, "required in snowflake mode local: "
-                                 "'host:node:0=1,host:node:1=2' or a single worker ID")
+        return None
     if text.isdigit():
         return _worker_id(text, value)
     mapping: dict[str, int] = {}
@@ -86,6 +89,8 @@ class LocalRegistry(BaseRegistry):
         self._lock_fd: int | None = None
 
     def worker_id_for_identity(self) -> int:
+        if self.mapping is None:
+            return self._lowest_free()
         if isinstance(self.mapping, int):
             return self.mapping
         try:
@@ -96,9 +101,28 @@ class LocalRegistry(BaseRegistry):
                 f"has no entry for this process's identity {self.identity!r}",
             ) from None
 
+    def _lowest_free(self) -> int:
+        """Host-local allocation (empty map): this identity's previous worker ID if it is
+        free, else the lowest free one. Returns it already locked."""
+        own = self.read_cache()
+        order = list(range(MAX_WORKER_ID + 1))
+        if own is not None:
+            order.remove(own.worker_id)
+            order.insert(0, own.worker_id)
+        for worker_id in order:
+            try:
+                self._lock_worker(worker_id)
+            except WorkerIdUnavailable:
+                continue
+            return worker_id
+        raise WorkerIdUnavailable(
+            f"{self.identity}: all {MAX_WORKER_ID + 1} worker IDs are held by processes on "
+            f"this host ({self.cache_dir})")
+
     def _claim(self) -> Lease:
         worker_id = self.worker_id_for_identity()
-        self._lock_worker(worker_id)
+        if self._lock_fd is None:
+            self._lock_worker(worker_id)
         try:
             own = self.read_cache()
             recorded, where = 0, "no cache file yet"
@@ -115,7 +139,8 @@ class LocalRegistry(BaseRegistry):
         except BaseException:
             self._unlock()
             raise
-        return Lease(worker_id, recorded, "local-map", self.identity, self.mode)
+        source = "local-host" if self.mapping is None else "local-map"
+        return Lease(worker_id, recorded, source, self.identity, self.mode)
 
     def _lock_worker(self, worker_id: int) -> None:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
