@@ -97,11 +97,15 @@ class Embedded:
         self._spawn("http", [sys.executable, "-m", "leafpool.cli", "serve"])
         return True
 
-    def demo_tag(self, rt: Runtime, tag: str) -> None:
+    def demo_tags(self, rt: Runtime, tag: str, flake: str) -> None:
         rt.store.init_schema()
         with contextlib.suppress(TagExists):
             rt.store.add_tag(tag, step=1000, description="leafpool demo tag")
-        rt.pool.register(tag, "segment", int(time.time() * 1000), table_step=1000)
+        with contextlib.suppress(TagExists):
+            rt.store.add_snowflake_tag(flake, description="leafpool demo snowflake tag")
+        now_ms = int(time.time() * 1000)
+        rt.pool.register(tag, "segment", now_ms, table_step=1000)
+        rt.pool.register(flake, "snowflake", now_ms)
 
     def stop(self) -> None:
         for proc in reversed(self.children):
@@ -134,26 +138,30 @@ def up(settings: Settings, tag: str = "demo", say: Callable[[str], None] = print
     with embedded(settings, say) as env:
         env.ensure_redis()
         rt = Runtime(settings)
-        env.demo_tag(rt, tag)
+        flake = f"{tag}.flake"
+        env.demo_tags(rt, tag, flake)
         env.start_celery()
         http = env.start_http()
-        key = rt.pool.tag(tag).ids
+        keys = [rt.pool.tag(tag).ids, rt.pool.tag(flake).ids]
         deadline = time.monotonic() + 60
-        while rt.redis.llen(key) < 10:
+        while min(rt.redis.llen(k) for k in keys) < 10:
             if time.monotonic() > deadline:
-                raise BackendUnavailable(f"{tag}: the pool was not filled within 60 s; "
-                                         f"see the logs under {env.home / 'logs'}")
+                raise BackendUnavailable(f"{tag}, {flake}: the pools were not filled within "
+                                         f"60 s; see the logs under {env.home / 'logs'}")
             if any(p.poll() is not None for p in env.children):
                 raise ConfigurationError("celery", "exited", "see the logs")
             time.sleep(0.2)  # polling for the first refill
         from leafpool.client import Client
 
-        ids = Client(rt.redis, settings=settings).next_ids(tag, 5)
+        client = Client(rt.redis, settings=settings)
+        ids = client.next_ids(tag, 5)
+        flakes = client.next_ids(flake, 3)
         port = urlparse(settings.redis_url).port or 6379
-        say(f"\nIDs served from the pool '{tag}': {ids}\n")
+        say(f"\nIDs served from the segment pool '{tag}': {ids}")
+        say(f"IDs served from the snowflake pool '{flake}': {flakes}\n")
         say(f"  redis-cli -p {port} LPOP 'leafpool:{{{tag}}}:ids'")
         say(f"  redis-cli -p {port} LPOP 'leafpool:{{{tag}}}:ids' 100")
-        say(f"  leafpool pop {tag} -n 5     leafpool status")
+        say(f"  leafpool pop {tag} -n 5     leafpool decode {flakes[0]}     leafpool status")
         if http:
             say(f"  curl http://{settings.http_host}:{settings.http_port}/api/segment/get/{tag}")
         say("\nCtrl-C stops everything started here.")
