@@ -61,12 +61,13 @@ def main() -> None:
         results = pools.pops(durable.extra["url"], "fsync always", single, batch)
         results += pools.pops(everysec.extra["url"], "everysec", single, batch)
         results += pools.ticket_server(max(1000, single // 10))
-        latency, pushed = pools.latency_during_refills(durable.extra["url"], single * 2,
-                                                       "fsync always")
-        lat2, pushed2 = pools.latency_during_refills(everysec.extra["url"], single * 2,
-                                                     "everysec")
+        latency, pushed, busy = pools.latency_during_refills(
+            durable.extra["url"], single * 2, "fsync always")
+        lat2, pushed2, busy2 = pools.latency_during_refills(
+            everysec.extra["url"], single * 2, "everysec")
         latency += lat2
         pushed += pushed2
+        busy += busy2
         refill = pools.refill_throughput(durable.extra["url"], 300_000)
         memory = pools.memory_per_id(durable.extra["url"])
         many_durable = pools.redis_benchmark(durable.port)
@@ -105,10 +106,12 @@ def main() -> None:
     console.print(targets)
 
     lat = Table(title="LPOP latency while refills run (a drainer takes ~200k IDs/s)")
-    for col in ("case", "IDs pushed/s meanwhile", "p50 us", "p99 us", "p999 us", "max us"):
+    for col in ("case", "IDs pushed/s meanwhile", "Redis busy per push us", "p50 us",
+                "p99 us", "p999 us", "max us"):
         lat.add_column(col)
-    for r, rate in zip(latency, pushed, strict=True):
-        lat.add_row(r.name, _fmt_rate(rate), f"{r.pct_us(0.5):.1f}", f"{r.pct_us(0.99):.1f}",
+    for r, rate, us in zip(latency, pushed, busy, strict=True):
+        lat.add_row(r.name, _fmt_rate(rate), f"{us:.0f}" if us else "-",
+                    f"{r.pct_us(0.5):.1f}", f"{r.pct_us(0.99):.1f}",
                     f"{r.pct_us(0.999):.1f}", f"{max(r.samples_ns) / 1000:.0f}")
     console.print(lat)
 

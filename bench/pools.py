@@ -110,12 +110,20 @@ while True:
 CHUNKS = (0, 100, 1000, 10_000)
 
 
-def latency_during_refills(url: str, ops: int, label: str) -> tuple[list[Result], list[float]]:
+def _evalsha_stats(r: redis.Redis) -> tuple[int, int]:
+    stats = r.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0)), int(stats.get("usec", 0))
+
+
+def latency_during_refills(
+    url: str, ops: int, label: str
+) -> tuple[list[Result], list[float], list[float]]:
     """LPOP latency with no refill, then with refills running continuously at each chunk
     size (a drainer takes ~200k IDs/s in LPOPs of 10,000, so the refiller never rests)."""
     r = redis.Redis.from_url(url)
     results: list[Result] = []
     pushed_rates: list[float] = []
+    busy_us: list[float] = []  # Redis time per push script call (INFO commandstats)
     home = tempfile.mkdtemp(prefix="leafpool-bench-")
     for chunk in CHUNKS:
         tag = f"busy{chunk}"
@@ -136,17 +144,20 @@ def latency_during_refills(url: str, ops: int, label: str) -> tuple[list[Result]
                 time.sleep(0.05)  # waiting for the first fill
         prefill(r, ops + 1000)
         before = int(r.hget(f"leafpool:{{{tag}}}:state", "pushed_total") or 0)
+        calls0, usec0 = _evalsha_stats(r)
         t0 = time.monotonic()
         name = (f"{label}: LPOP during refills, chunk {chunk:,}" if chunk
                 else f"{label}: LPOP, no refill running")
         results += interleaved([(Result(name, 1), lambda: r.lpop(IDS_KEY), ops)], 1)
         after = int(r.hget(f"leafpool:{{{tag}}}:state", "pushed_total") or 0)
         pushed_rates.append((after - before) / (time.monotonic() - t0))
+        calls1, usec1 = _evalsha_stats(r)
+        busy_us.append((usec1 - usec0) / (calls1 - calls0) if calls1 > calls0 else 0.0)
         for p in procs:
             p.kill()
             p.wait()
     shutil.rmtree(home, ignore_errors=True)
-    return results, pushed_rates
+    return results, pushed_rates, busy_us
 
 
 def refill_throughput(url: str, target: int) -> Result:
