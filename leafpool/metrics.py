@@ -65,6 +65,9 @@ _GAUGES: list[tuple[str, str, Callable[[Snapshot], float | None]]] = [
      lambda s: _scaled(s, "last_backwards_offset_ms")),
     ("leafpool_snowflake_worker_ids", "Snowflake worker IDs that have refilled the tag",
      lambda s: _worker_count(s)),
+    ("leafpool_snowflake_time_bits_years_left", "Years until the 41 time bits of the "
+     "generator that last filled the tag run out (LEAFPOOL_SNOWFLAKE_EPOCH)",
+     lambda s: _opt(s, "time_bits_years_left")),
 ]
 
 # (metric name without _total, help, state field) for the per-tag counters

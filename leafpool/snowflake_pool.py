@@ -105,9 +105,15 @@ class SnowflakeRefiller(Refiller):
             seen.remove(str(worker_id))
         seen = [str(worker_id), *seen][:MAX_WORKER_IDS_SHOWN]
         lease = self.generator.lease
+        gen = self.generator.generator
+        years_left = gen.years_left() if gen is not None else None
+        if gen is not None and gen.exhausts_within(self.settings.snowflake_exhaustion_warn_days):
+            log.warning("%s: worker %s: the snowflake time bits run out in %.2f years",
+                        snap.tag, worker_id, years_left)
         self.pool.record(snap.tag, worker_ids=",".join(seen), last_worker_id=worker_id,
                          lease_state=f"held ({lease.mode}, from {lease.source})"
-                         if lease else "none")
+                         if lease else "none",
+                         time_bits_years_left=f"{years_left:.3f}" if years_left else "")
 
     def _record_backwards(self, tag: str, exc: ClockMovedBackwards) -> None:
         self.pool.record(tag, last_backwards_ms=self._now_ms(),

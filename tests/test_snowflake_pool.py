@@ -68,6 +68,8 @@ def test_a_refill_fills_the_pool_with_increasing_ids_of_its_worker(
     assert state["worker_ids"] == "7"
     assert state["lease_state"].startswith("held (local")
     assert state["hwm"] == str(ids[-1])
+    # Leaf's epoch (2010) + 2^41 ms runs out in 2080: about 54 years after NOW_MS (2025)
+    assert 53 < float(state["time_bits_years_left"]) < 55
 
 
 def test_workers_taking_turns_keep_one_pool_increasing_and_unique(
