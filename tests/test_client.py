@@ -136,3 +136,15 @@ def test_async_client_behaves_the_same(pool: Pool, settings: Settings) -> None:
 
     asyncio.run(scenario())
     assert pool.snapshot("order").int("empty_hits") == 3
+
+
+def test_an_unreachable_redis_is_backend_unavailable(
+    make_settings: Callable[..., Settings],
+) -> None:
+    from leafpool.errors import BackendUnavailable
+
+    client = Client(settings=make_settings(redis_url="redis://127.0.0.1:1/0"))
+    with pytest.raises(BackendUnavailable, match="redis: order: LPOP"):
+        client.next_id("order")
+    with pytest.raises(BackendUnavailable, match="redis: order: LPOP"):
+        client.next_ids("order", 10)
