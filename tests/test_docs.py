@@ -23,6 +23,8 @@ def test_every_key_is_documented() -> None:
         assert f"`{key}`" in README, key
 
 
-def test_readme_opens_with_the_two_commands() -> None:
-    first_block = README.split("```")[1]
-    assert "./dev up" in first_block and "./dev test" in first_block
+def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one() -> None:
+    first_block = README.split("```")[1].splitlines()
+    assert first_block[1:] == ["./dev up", "./dev test"]
+    ci = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text()
+    assert ci.strip().splitlines()[-1] == "exec ./dev test"
