@@ -187,7 +187,7 @@ def status(
             for r in rows:
                 table.add_row(
                     r.tag, r.mode, f"{r.length:,}/{r.target:,}", f"{r.reserve_size:,}",
-                    f"{r.step:,}" if r.mode == "segment" else f"w {r.worker_ids or '-'}",
+                    f"{r.step:,}" if r.mode == "segment" else f"w {','.join(r.worker_ids) or '-'}",
                     "-" if r.max_id is None else str(r.max_id),
                     f"{r.rate:,.1f}", _fmt_seconds(r.seconds_left), age(r.last_refill_ms),
                     r.last_refill_result, str(r.empty_hits),

@@ -42,7 +42,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -466,33 +466,8 @@ async def decode_json(request: Request) -> Response:
 
 # -- status ----------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class SnowflakeInfo:
-    """State fields the snowflake refillers keep for a tag (absent ones are empty)."""
-
-    worker_ids: list[str]
-    lease_state: str
-    last_backwards_ms: int | None
-    last_backwards_offset_ms: int | None
-    backwards_events: int
-
-
-def snowflake_info(snap: Snapshot) -> SnowflakeInfo:
-    s = snap.state
-    return SnowflakeInfo(
-        worker_ids=[w.strip() for w in s.get("worker_ids", "").split(",") if w.strip()],
-        lease_state=s.get("lease_state", ""),
-        last_backwards_ms=_int_or_none(s.get("last_backwards_ms")),
-        last_backwards_offset_ms=_int_or_none(s.get("last_backwards_offset_ms")),
-        backwards_events=_int_or_none(s.get("backwards_events")) or 0,
-    )
-
-
-def _int_or_none(value: str | None) -> int | None:
-    try:
-        return int(float(value)) if value not in (None, "") else None  # type: ignore[arg-type]
-    except ValueError:
-        return None
+SNOWFLAKE_FIELDS = ("worker_ids", "lease_state", "last_backwards_ms",
+                    "last_backwards_offset_ms", "backwards_events")
 
 
 def status_dict(snap: Snapshot) -> dict[str, object]:
@@ -500,8 +475,9 @@ def status_dict(snap: Snapshot) -> dict[str, object]:
     st = tag_status(snap).as_dict()
     st["max_id"] = None if st["max_id"] is None else str(st["max_id"])
     st["last_alloc_ms"] = snap.float("last_alloc_ms") if "last_alloc_ms" in snap.state else None
+    snowflake = {name: st.pop(name) for name in SNOWFLAKE_FIELDS}
     if st["mode"] == SNOWFLAKE:
-        st["snowflake"] = asdict(snowflake_info(snap))
+        st["snowflake"] = snowflake
     return st
 
 
@@ -627,18 +603,17 @@ def snowflake_table(snaps: list[Snapshot]) -> str:
     rows = []
     for snap in snaps:
         st = tag_status(snap)
-        sf = snowflake_info(snap)
-        workers = ", ".join(esc(w) for w in sf.worker_ids) or "-"
+        workers = ", ".join(esc(w) for w in st.worker_ids) or "-"
         back = "none"
-        if sf.last_backwards_ms is not None:
-            offset = "?" if sf.last_backwards_offset_ms is None else sf.last_backwards_offset_ms
-            back = f"{esc(offset)} ms back, {_when(sf.last_backwards_ms)}"
-        back += f'<br><span class="meta">{fmt_int(sf.backwards_events)} events</span>'
+        if st.last_backwards_ms is not None:
+            offset = "?" if st.last_backwards_offset_ms is None else st.last_backwards_offset_ms
+            back = f"{esc(offset)} ms back, {_when(st.last_backwards_ms)}"
+        back += f'<br><span class="meta">{fmt_int(st.backwards_events)} events</span>'
         rows.append(
             f'<tr data-tag="{esc(st.tag)}" data-mode="snowflake" class="{_row_class(st)}">'
             f'<td class="tag">{esc(st.tag)}</td>{_ready_cell(st)}'
             f'<td class="workers text">{workers}</td>'
-            f'<td class="lease text">{esc(sf.lease_state or "-")}</td>'
+            f'<td class="lease text">{esc(st.lease_state or "-")}</td>'
             f'<td class="backwards text">{back}</td>{_common_cells(st)}</tr>')
     return (f'<table id="snowflake"><thead>{head}</thead><tbody>{"".join(rows)}</tbody>'
             "</table>")

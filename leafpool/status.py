@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from leafpool.pool import Pool, Snapshot
 
@@ -34,9 +34,12 @@ class TagStatus:
     refill_failures: int
     locked: bool
     hwm: str
-    worker_ids: str = ""
+    # snowflake tags
+    worker_ids: list[str] = field(default_factory=list)
     lease_state: str = ""
     backwards_events: int = 0
+    last_backwards_ms: int | None = None
+    last_backwards_offset_ms: int | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -72,9 +75,11 @@ def tag_status(snap: Snapshot) -> TagStatus:
         refill_failures=snap.int("refill_failures"),
         locked=snap.locked,
         hwm=snap.state.get("hwm", ""),
-        worker_ids=snap.state.get("worker_ids", ""),
+        worker_ids=[w for w in snap.state.get("worker_ids", "").split(",") if w],
         lease_state=snap.state.get("lease_state", ""),
         backwards_events=snap.int("backwards_events"),
+        last_backwards_ms=_opt_int(snap, "last_backwards_ms"),
+        last_backwards_offset_ms=_opt_int(snap, "last_backwards_offset_ms"),
     )
 
 
