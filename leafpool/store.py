@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +131,26 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_recycle=1800, connect_args=connect_args)
 
 
+@contextmanager
+def transaction(
+    engine: Engine, what: str, passthrough: Callable[[DBAPIError], bool] = lambda _: False
+) -> Iterator[Connection]:
+    """One transaction, the driver boundary of every database user: an
+    :class:`IntegrityError` (and what ``passthrough`` accepts) goes up as it is, any
+    other driver error becomes :class:`BackendUnavailable` naming ``what``."""
+    try:
+        with engine.begin() as conn:
+            yield conn
+    except IntegrityError:
+        raise
+    except DBAPIError as exc:
+        if passthrough(exc):
+            raise
+        raise BackendUnavailable(f"database: {what} failed: {exc.orig!r}") from exc
+    except SQLAlchemyError as exc:
+        raise BackendUnavailable(f"database: {what} failed: {exc}") from exc
+
+
 class SegmentStore:
     """Tags and segment allocation in ``leaf_alloc``."""
 
@@ -149,18 +169,8 @@ class SegmentStore:
     def dialect(self) -> str:
         return self.engine.dialect.name
 
-    @contextmanager
-    def _tx(self, what: str) -> Iterator[Connection]:
-        """One transaction; driver errors become :class:`BackendUnavailable`."""
-        try:
-            with self.engine.begin() as conn:
-                yield conn
-        except IntegrityError:
-            raise
-        except DBAPIError as exc:
-            raise BackendUnavailable(f"database: {what} failed: {exc.orig!r}") from exc
-        except SQLAlchemyError as exc:
-            raise BackendUnavailable(f"database: {what} failed: {exc}") from exc
+    def _tx(self, what: str) -> AbstractContextManager[Connection]:
+        return transaction(self.engine, what)
 
     # -- schema -------------------------------------------------------------------------
 

@@ -35,8 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 from sqlalchemy import (
@@ -63,7 +62,7 @@ from leafpool.errors import BackendUnavailable, ConfigurationError, WorkerIdUnav
 from leafpool.registry.base import BaseRegistry, Lease
 from leafpool.registry.cache import CacheRecord
 from leafpool.snowflake import MAX_WORKER_ID
-from leafpool.store import make_engine
+from leafpool.store import make_engine, transaction
 
 log = logging.getLogger(__name__)
 
@@ -141,23 +140,10 @@ class MySqlRegistry(BaseRegistry):
     def _tick_interval(self) -> float:
         return self.settings.snowflake_renew_seconds
 
-    @contextmanager
-    def _tx(self, what: str) -> Iterator[Connection]:
-        try:
-            with self.engine.begin() as conn:
-                yield conn
-        except IntegrityError:
-            raise
-        except OperationalError as exc:
-            if _deadlock(exc):
-                raise
-            raise BackendUnavailable(f"{self.identity}: database: {what} failed: "
-                                     f"{exc.orig!r}") from exc
-        except DBAPIError as exc:
-            raise BackendUnavailable(f"{self.identity}: database: {what} failed: "
-                                     f"{exc.orig!r}") from exc
-        except SQLAlchemyError as exc:
-            raise BackendUnavailable(f"{self.identity}: database: {what} failed: {exc}") from exc
+    def _tx(self, what: str) -> AbstractContextManager[Connection]:
+        """A deadlock goes up as it is (the caller retries); other driver errors become
+        BackendUnavailable."""
+        return transaction(self.engine, f"{self.identity}: {what}", passthrough=_deadlock)
 
     def _expired(self) -> Any:
         cutoff = func.timestampadd(literal_column("SECOND"), -self.lease_db_s, func.now())
@@ -333,6 +319,8 @@ class MySqlRegistry(BaseRegistry):
         self.engine.dispose()
 
 
-def _deadlock(exc: OperationalError) -> bool:
+def _deadlock(exc: DBAPIError) -> bool:
+    if not isinstance(exc, OperationalError):
+        return False
     args: tuple[Any, ...] = tuple(getattr(exc.orig, "args", ()))
     return bool(args) and args[0] in MYSQL_DEADLOCK
