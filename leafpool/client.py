@@ -181,6 +181,7 @@ class AsyncClient(_Base):
         wait = s.empty_wait_seconds if wait_seconds is None else wait_seconds
         super().__init__(s.key_prefix, policy or s.empty_policy, wait)
         self.redis = redis_client or connect_async(s.redis_url, timeout=max(5.0, wait + 5.0))
+        self._take = self.redis.register_script(scripts.source("take_reserve"))
 
     async def next_id(self, tag: str) -> int:
         key = self._ids_key(tag)
@@ -224,7 +225,6 @@ class AsyncClient(_Base):
 
     async def _from_reserve(self, tag: str, n: int) -> list[int]:
         k = self.keys.tag(tag)
-        take_script = self.redis.register_script(scripts.source("take_reserve"))
         out: list[int] = []
         for _ in range(100):
             if len(out) == n:
@@ -235,12 +235,9 @@ class AsyncClient(_Base):
                 break
             head = Range.decode(raw_head)
             take = min(n - len(out), head.size)
-            new_head = "" if take == head.size else Range(head.start + take, head.end).encode()
             with redis_errors(f"{tag}: take reserve"):
-                code = int(await take_script(
-                    keys=[k.ids, k.reserve, k.state],
-                    args=[head.encode(), new_head, str(head.start),
-                          str(head.start + take - 1), take]))
+                code = int(await self._take(keys=[k.ids, k.reserve, k.state],
+                                            args=head.take_args(take)))
             if code == 1:
                 out += range(head.start, head.start + take)
             elif code == scripts.LIST_NOT_EMPTY:

@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 import redis
 
 from leafpool.config import Settings, default_home
-from leafpool.errors import BackendUnavailable, ConfigurationError, TagExists
+from leafpool.errors import BackendUnavailable, TagExists
 from leafpool.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -148,8 +148,10 @@ def up(settings: Settings, tag: str = "demo", say: Callable[[str], None] = print
             if time.monotonic() > deadline:
                 raise BackendUnavailable(f"{tag}, {flake}: the pools were not filled within "
                                          f"60 s; see the logs under {env.home / 'logs'}")
-            if any(p.poll() is not None for p in env.children):
-                raise ConfigurationError("celery", "exited", "see the logs")
+            exited = [p for p in env.children if p.poll() is not None]
+            if exited:
+                raise BackendUnavailable(f"a child process exited (pid {exited[0].pid}); "
+                                         f"see the logs under {env.home / 'logs'}")
             time.sleep(0.2)  # polling for the first refill
         from leafpool.client import Client
 

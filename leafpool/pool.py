@@ -34,6 +34,15 @@ class Range:
     def encode(self) -> str:
         return f"{self.start}:{self.end}"
 
+    def after_taking(self, count: int) -> str:
+        """The encoded head once its first ``count`` IDs are gone ("" when used up)."""
+        return "" if count == self.size else Range(self.start + count, self.end).encode()
+
+    def take_args(self, count: int) -> list[str | int]:
+        """ARGV of take_reserve.lua for the first ``count`` IDs of this head."""
+        return [self.encode(), self.after_taking(count), str(self.start),
+                str(self.start + count - 1), count]
+
     @classmethod
     def decode(cls, raw: bytes | str) -> Range:
         text = raw.decode() if isinstance(raw, bytes) else raw
@@ -218,7 +227,7 @@ class Pool:
         lock, the head or the high-water mark says this chunk must not be pushed.
         """
         k = self.tag(tag)
-        new_head = "" if count == head.size else Range(head.start + count, head.end).encode()
+        new_head = head.after_taking(count)
         ids = [str(i) for i in range(head.start, head.start + count)]
         with redis_errors(f"{tag}: push"):
             result = int(self._push(
@@ -264,13 +273,9 @@ class Pool:
         Returns 1 on success or the script's refusal code (nothing written)."""
         k = self.tag(tag)
         count = min(count, head.size)
-        new_head = "" if count == head.size else Range(head.start + count, head.end).encode()
         with redis_errors(f"{tag}: take reserve"):
-            return int(self._take(
-                keys=[k.ids, k.reserve, k.state],
-                args=[head.encode(), new_head, str(head.start),
-                      str(head.start + count - 1), count],
-            ))
+            return int(self._take(keys=[k.ids, k.reserve, k.state],
+                                  args=head.take_args(count)))
 
     def reserve_head(self, tag: str) -> Range | None:
         with redis_errors(f"{tag}: reserve head"):

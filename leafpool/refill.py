@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from leafpool.config import Settings
-from leafpool.errors import BackendUnavailable, LeafpoolError, SegmentExhausted, StaleWrite
+from leafpool.errors import BackendUnavailable, LeafpoolError, StaleWrite
 from leafpool.lock import RefillLock
 from leafpool.pool import Pool, Range, Snapshot
 from leafpool.step import next_step, pool_target, smooth_rate
@@ -230,10 +230,7 @@ class _Allocator:
                          shrink_above=s.step_shrink_seconds, cap=s.max_step)
 
     def allocate(self) -> Range:
-        try:
-            seg = self.r.store.allocate(self.tag, self._choose)
-        except SegmentExhausted:
-            raise
+        seg = self.r.store.allocate(self.tag, self._choose)
         now_ms = self.r._now_ms()
         rng = Range(seg.start, seg.end)
         # A refused append (lost lock) leaves a gap in the database counter: never a repeat.
