@@ -195,7 +195,7 @@ class SegmentStore:
         validate_tag(tag)
         if description is not None and len(description) > 256:
             raise InvalidArgument("description", description, "at most 256 characters")
-        if self._segment_exists(tag):
+        if self._exists(leaf_alloc, tag):
             raise TagExists(tag)
         try:
             with self._tx(f"{tag}: insert snowflake tag") as conn:
@@ -215,10 +215,12 @@ class SegmentStore:
             result = conn.execute(snowflake_tag.delete().where(snowflake_tag.c.biz_tag == tag))
             return bool(result.rowcount)
 
-    def _segment_exists(self, tag: str) -> bool:
+    def _exists(self, table: Table, tag: str) -> bool:
         with self._tx(f"{tag}: read") as conn:
+            if not inspect(conn).has_table(table.name):
+                return False
             return conn.execute(
-                select(leaf_alloc.c.biz_tag).where(leaf_alloc.c.biz_tag == tag)
+                select(table.c.biz_tag).where(table.c.biz_tag == tag)
             ).first() is not None
 
     # -- tags ---------------------------------------------------------------------------
@@ -232,7 +234,7 @@ class SegmentStore:
         validate_start(start, step)
         if description is not None and len(description) > 256:
             raise InvalidArgument("description", description, "at most 256 characters")
-        if tag in self.list_snowflake_tags():
+        if self._exists(snowflake_tag, tag):  # one name, one tag across modes
             raise TagExists(tag)
         try:
             with self._tx(f"{tag}: insert") as conn:
