@@ -12,24 +12,27 @@
 --   -1  the lock is not held with this token
 --   -3  the range start is not above the tag's high-water mark
 --   -5  the range starts below the end of the last reserved range
+--   -7  start, end, the high-water mark or the reserve tail is not a canonical decimal,
+--       or end is not above start
 --
 -- A refused range is dropped by the caller: a gap, never a repeat (G3).
 
-local function gt(a, b)
-  if #a ~= #b then return #a > #b end
-  return a > b
-end
+-- @include decimal
 
 if redis.call('GET', KEYS[3]) ~= ARGV[1] then return -1 end
-local start = ARGV[2]
+local start, stop = ARGV[2], ARGV[3]
+if not (dec(start) and dec(stop) and gt(stop, start)) then return -7 end
 local hwm = redis.call('HGET', KEYS[2], 'hwm')
+if hwm and not dec(hwm) then return -7 end
 if hwm and not gt(start, hwm) then return -3 end
 local tail = redis.call('LINDEX', KEYS[1], -1)
 if tail then
-  local tail_end = string.sub(tail, string.find(tail, ':', 1, true) + 1)
+  local sep = string.find(tail, ':', 1, true)
+  local tail_end = sep and string.sub(tail, sep + 1)
+  if not dec(tail_end) then return -7 end
   if gt(tail_end, start) then return -5 end
 end
 if #ARGV > 3 then
   redis.call('HSET', KEYS[2], unpack(ARGV, 4))
 end
-return redis.call('RPUSH', KEYS[1], start .. ':' .. ARGV[3])
+return redis.call('RPUSH', KEYS[1], start .. ':' .. stop)

@@ -11,16 +11,19 @@
 --   -1  the lock is not held with this token
 --   -3  the first ID is not above the tag's high-water mark
 --   -6  the IDs are not strictly increasing
+--   -7  an ID or the high-water mark is not a canonical decimal
 --
--- IDs are compared as decimal strings (length, then bytes): Lua numbers are doubles.
+-- IDs are compared as decimal strings (lib/decimal.lua): Lua numbers are doubles.
 
-local function gt(a, b)
-  if #a ~= #b then return #a > #b end
-  return a > b
-end
+-- @include decimal
 
 if redis.call('GET', KEYS[3]) ~= ARGV[1] then return -1 end
+if #ARGV < 3 then return -7 end
+for i = 3, #ARGV do
+  if not dec(ARGV[i]) then return -7 end
+end
 local hwm = redis.call('HGET', KEYS[2], 'hwm')
+if hwm and not dec(hwm) then return -7 end
 if hwm and not gt(ARGV[3], hwm) then return -3 end
 for i = 4, #ARGV do
   if not gt(ARGV[i], ARGV[i - 1]) then return -6 end

@@ -15,19 +15,23 @@
 --   -3  the first ID is not above the tag's high-water mark
 --   -4  the ids list is not empty (pop it instead)
 --   -6  the IDs do not lie in the head range
+--   -7  the first or last ID, the head or the high-water mark is not a canonical decimal
 
-local function gt(a, b)
-  if #a ~= #b then return #a > #b end
-  return a > b
-end
+-- @include decimal
 
 if redis.call('LLEN', KEYS[1]) > 0 then return -4 end
 local head = redis.call('LINDEX', KEYS[2], 0)
 if head ~= ARGV[1] then return -2 end
+if not (dec(ARGV[3]) and dec(ARGV[4])) then return -7 end
 local sep = string.find(head, ':', 1, true)
+if not sep then return -7 end
 local head_start, head_end = string.sub(head, 1, sep - 1), string.sub(head, sep + 1)
-if ARGV[3] ~= head_start or not gt(head_end, ARGV[4]) then return -6 end
+if not (dec(head_start) and dec(head_end)) then return -7 end
+if ARGV[3] ~= head_start or not gt(head_end, ARGV[4]) or gt(ARGV[3], ARGV[4]) then
+  return -6
+end
 local hwm = redis.call('HGET', KEYS[3], 'hwm')
+if hwm and not dec(hwm) then return -7 end
 if hwm and not gt(ARGV[3], hwm) then return -3 end
 
 if ARGV[2] == '' then
