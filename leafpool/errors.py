@@ -100,3 +100,19 @@ class ClockMovedBackwards(LeafpoolError):
 
 class WorkerIdUnavailable(LeafpoolError):
     """No snowflake worker ID could be leased (all taken, registry down, or fenced)."""
+
+
+class CounterBehind(LeafpoolError):
+    """A tag's ``leaf_alloc.max_id`` is below the first ID it may hand out (the tag's
+    high-water mark, a retired tag's mark, or 1): allocating from it would repeat IDs.
+    Nothing was allocated; an operator has to move the counter up."""
+
+    def __init__(self, tag: str, max_id: int, floor: int, why: str) -> None:
+        self.tag = tag
+        self.max_id = max_id
+        self.floor = floor
+        super().__init__(
+            f"{tag}: leaf_alloc.max_id={max_id} is below {floor}, the first ID this tag may "
+            f"still hand out ({why}); nothing allocated. Move it up with: UPDATE leaf_alloc "
+            f"SET max_id = {floor} WHERE biz_tag = '{tag}'"
+        )

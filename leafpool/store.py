@@ -39,11 +39,13 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from leafpool.config import MAX_ID, MAX_STEP
 from leafpool.errors import (
     BackendUnavailable,
+    CounterBehind,
     InvalidArgument,
     SegmentExhausted,
     TagExists,
     UnknownTag,
 )
+from leafpool.step import next_step
 from leafpool.tags import validate_tag
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,45 @@ snowflake_tag = Table(
     Column("description", String(256), nullable=True),
     Column("create_time", DateTime, nullable=False, server_default=func.current_timestamp()),
 )
+
+
+# leafpool's own table: the high-water mark of every removed segment tag, kept after its
+# leaf_alloc row and its Redis keys are gone, so a tag added again under the same name
+# (by `leafpool tag add` or by hand in SQL) can never hand out an ID it handed out before
+# (G1, "ever"). ``max_id`` is the first ID the old tag never allocated.
+retired_tag = Table(
+    "leafpool_retired_tag",
+    metadata,
+    Column("biz_tag", String(128), primary_key=True, nullable=False),
+    Column("max_id", BigInteger, nullable=False),
+    Column("retire_time", DateTime, nullable=False, server_default=func.current_timestamp()),
+)
+
+FIRST_ID = 1  # IDs start at 1: a Leaf client reads 0 (and below) as a failure result
+MYSQL_DEADLOCK = 1213
+
+
+@dataclass(frozen=True)
+class StepRule:
+    """How the next segment's step is chosen: Leaf's rule applied to how long the last
+    consumed segment lasted (``lasted_seconds``; None when no segment was consumed since
+    the step last changed, which keeps the step). Plain data: the store applies it to the
+    table's ``step`` read in the allocation's transaction."""
+
+    current: int = 0
+    lasted_seconds: float | None = None
+    grow_below: float = 15 * 60
+    shrink_above: float = 30 * 60
+    cap: int = MAX_STEP
+
+    def step(self, table_step: int) -> int:
+        if self.current <= 0:
+            return table_step
+        if self.lasted_seconds is None:
+            return max(min(self.current, max(self.cap, table_step)), table_step)
+        return next_step(self.current, table_step, self.lasted_seconds,
+                         grow_below=self.grow_below, shrink_above=self.shrink_above,
+                         cap=self.cap)
 
 
 @dataclass(frozen=True)
@@ -100,8 +141,11 @@ def validate_step(step: int, max_step: int = MAX_STEP) -> int:
 
 
 def validate_start(start: int, step: int) -> int:
-    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-        raise InvalidArgument("start", start, "an integer >= 0 (the first ID handed out)")
+    if isinstance(start, bool) or not isinstance(start, int) or start < FIRST_ID:
+        raise InvalidArgument(
+            "start", start,
+            f"an integer >= {FIRST_ID} (the first ID handed out; Leaf clients read 0 as a "
+            "failure)")
     if start > MAX_ID - step:
         raise InvalidArgument(
             "start", start, f"at most 2**63 - 1 - step = {MAX_ID - step} so one segment fits"
@@ -151,6 +195,11 @@ def transaction(
         raise BackendUnavailable(f"database: {what} failed: {exc}") from exc
 
 
+def _is_deadlock(exc: DBAPIError) -> bool:
+    args: tuple[object, ...] = tuple(getattr(exc.orig, "args", ()))
+    return len(args) > 0 and args[0] == MYSQL_DEADLOCK
+
+
 class SegmentStore:
     """Tags and segment allocation in ``leaf_alloc``."""
 
@@ -180,9 +229,10 @@ class SegmentStore:
 
     def init_schema(self) -> bool:
         """Create ``leaf_alloc`` with Leaf's DDL unless it exists (True when created), and
-        leafpool's own ``leafpool_snowflake_tag``."""
+        leafpool's own ``leafpool_snowflake_tag`` and ``leafpool_retired_tag``."""
         with self._tx("schema check") as conn:
             snowflake_tag.create(conn, checkfirst=True)
+            retired_tag.create(conn, checkfirst=True)
             if inspect(conn).has_table("leaf_alloc"):
                 return False
             conn.execute(text(self.ddl()))
@@ -195,13 +245,13 @@ class SegmentStore:
         validate_tag(tag)
         if description is not None and len(description) > 256:
             raise InvalidArgument("description", description, "at most 256 characters")
-        if self._exists(leaf_alloc, tag):
-            raise TagExists(tag)
-        try:
-            with self._tx(f"{tag}: insert snowflake tag") as conn:
-                conn.execute(snowflake_tag.insert().values(biz_tag=tag, description=description))
-        except IntegrityError as exc:
-            raise TagExists(tag) from exc
+
+        def insert(conn: Connection) -> None:
+            self._ensure_own_tables(conn)
+            conn.execute(snowflake_tag.insert().values(biz_tag=tag, description=description))
+            self._refuse_if_in(conn, leaf_alloc, tag)
+
+        self._add(tag, "insert snowflake tag", insert)
 
     def list_snowflake_tags(self) -> list[str]:
         with self._tx("list snowflake tags") as conn:
@@ -215,37 +265,111 @@ class SegmentStore:
             result = conn.execute(snowflake_tag.delete().where(snowflake_tag.c.biz_tag == tag))
             return bool(result.rowcount)
 
-    def _exists(self, table: Table, tag: str) -> bool:
-        with self._tx(f"{tag}: read") as conn:
-            if not inspect(conn).has_table(table.name):
-                return False
-            return conn.execute(
-                select(table.c.biz_tag).where(table.c.biz_tag == tag)
-            ).first() is not None
+    # -- one name, one tag across modes -------------------------------------------------
+
+    def _add(self, tag: str, what: str, body: Callable[[Connection], None]) -> None:
+        """Run ``body`` (insert into the mode's table, then a locking read of the other
+        mode's table) in one transaction. Two adds of one name in different modes at the
+        same time: each inserts, then waits for the other's row lock; MySQL breaks the
+        deadlock by rolling one back, which is retried and then finds the other's row.
+        SQLite serialises the two writers."""
+        for attempt in range(3):
+            try:
+                with transaction(self.engine, f"{tag}: {what}", _is_deadlock) as conn:
+                    body(conn)
+                return
+            except IntegrityError as exc:
+                raise TagExists(tag) from exc
+            except DBAPIError as exc:
+                if attempt == 2:
+                    raise BackendUnavailable(f"database: {tag}: {what}: {exc.orig!r}") from exc
+                log.info("%s: concurrent add in another mode, retrying (%s)", tag, exc.orig)
+
+    @staticmethod
+    def _refuse_if_in(conn: Connection, table: Table, tag: str) -> None:
+        if not inspect(conn).has_table(table.name):
+            return
+        found = conn.execute(
+            select(table.c.biz_tag).where(table.c.biz_tag == tag).with_for_update()
+        ).first()
+        if found is not None:
+            raise TagExists(tag)
+
+    def _ensure_own_tables(self, conn: Connection) -> None:
+        """leafpool's own tables exist even where leaf_alloc was created by Leaf's DDL."""
+        if not getattr(self, "_own_tables", False):
+            snowflake_tag.create(conn, checkfirst=True)
+            retired_tag.create(conn, checkfirst=True)
+            self._own_tables = True
+
+    # -- retired tags (G1 across a removal) ---------------------------------------------
+
+    def retired_mark(self, tag: str) -> int:
+        """The first ID a removed tag of this name never allocated (0 when none)."""
+        with self._tx(f"{tag}: read retired mark") as conn:
+            return self._retired(conn, tag)
+
+    @staticmethod
+    def _retired(conn: Connection, tag: str) -> int:
+        if not inspect(conn).has_table(retired_tag.name):
+            return 0
+        value = conn.execute(
+            select(retired_tag.c.max_id).where(retired_tag.c.biz_tag == tag)
+        ).scalar_one_or_none()
+        return int(value) if value is not None else 0
+
+    def retire(self, tag: str, mark: int) -> int:
+        """Keep ``mark`` (the first ID never allocated) for ``tag`` durably; a larger mark
+        already kept stays. Returns the kept mark."""
+        with self._tx(f"{tag}: retire") as conn:
+            return self._retire(conn, tag, mark)
+
+    def _retire(self, conn: Connection, tag: str, mark: int) -> int:
+        self._ensure_own_tables(conn)
+        row = conn.execute(
+            select(retired_tag.c.max_id).where(retired_tag.c.biz_tag == tag).with_for_update()
+        ).first()
+        if row is None:
+            conn.execute(retired_tag.insert().values(biz_tag=tag, max_id=mark))
+            return mark
+        kept = max(int(row.max_id), mark)
+        conn.execute(retired_tag.update().where(retired_tag.c.biz_tag == tag)
+                     .values(max_id=kept, retire_time=func.current_timestamp()))
+        return kept
 
     # -- tags ---------------------------------------------------------------------------
 
     def add_tag(
-        self, tag: str, step: int, start: int = 1, description: str | None = None
+        self, tag: str, step: int, start: int | None = None, description: str | None = None
     ) -> TagRow:
-        """Register a tag whose first ID will be ``start``."""
+        """Register a tag whose first ID will be ``start``: by default 1, or, for a name
+        that was removed before, the first ID the removed tag never allocated. An explicit
+        ``start`` below that mark is refused (it would repeat IDs)."""
         validate_tag(tag)
         validate_step(step)
-        validate_start(start, step)
+        if start is not None:
+            validate_start(start, step)
         if description is not None and len(description) > 256:
             raise InvalidArgument("description", description, "at most 256 characters")
-        if self._exists(snowflake_tag, tag):  # one name, one tag across modes
-            raise TagExists(tag)
-        try:
-            with self._tx(f"{tag}: insert") as conn:
-                conn.execute(
-                    leaf_alloc.insert().values(
-                        biz_tag=tag, max_id=start, step=step, description=description
-                    )
-                )
-        except IntegrityError as exc:
-            raise TagExists(tag) from exc
-        return TagRow(tag, start, step, description)
+        chosen: list[int] = []
+
+        def insert(conn: Connection) -> None:
+            self._ensure_own_tables(conn)
+            mark = self._retired(conn, tag)
+            first = max(FIRST_ID, mark) if start is None else start
+            if first < mark:
+                raise InvalidArgument(
+                    "start", start,
+                    f"at least {mark}: a tag named {tag!r} was removed after handing out IDs "
+                    f"below {mark}; leave --start out to continue from {mark}")
+            validate_start(first, step)
+            conn.execute(leaf_alloc.insert().values(
+                biz_tag=tag, max_id=first, step=step, description=description))
+            self._refuse_if_in(conn, snowflake_tag, tag)
+            chosen.append(first)
+
+        self._add(tag, "insert", insert)
+        return TagRow(tag, chosen[-1], step, description)
 
     def get_tag(self, tag: str) -> TagRow:
         with self._tx(f"{tag}: read") as conn:
@@ -279,22 +403,29 @@ class SegmentStore:
             if result.rowcount == 0:
                 raise UnknownTag(tag)
 
-    def remove_tag(self, tag: str) -> None:
+    def remove_tag(self, tag: str, pool_mark: int = 0) -> int:
+        """Delete the tag's row and keep its mark (the larger of its ``max_id`` and
+        ``pool_mark``, what the pool recorded) in ``leafpool_retired_tag``, in one
+        transaction. Returns the kept mark."""
         with self._tx(f"{tag}: delete") as conn:
-            result = conn.execute(leaf_alloc.delete().where(leaf_alloc.c.biz_tag == tag))
-            if result.rowcount == 0:
+            max_id = conn.execute(
+                select(leaf_alloc.c.max_id).where(leaf_alloc.c.biz_tag == tag).with_for_update()
+            ).scalar_one_or_none()
+            if max_id is None:
                 raise UnknownTag(tag)
+            conn.execute(leaf_alloc.delete().where(leaf_alloc.c.biz_tag == tag))
+            return self._retire(conn, tag, max(int(max_id), pool_mark))
 
     # -- allocation ---------------------------------------------------------------------
 
-    def allocate(
-        self, tag: str, choose_step: Callable[[int], int] | None = None
-    ) -> Segment:
+    def allocate(self, tag: str, rule: StepRule | None = None, floor: int = 0) -> Segment:
         """Advance ``max_id`` by one step and return the range ``[max_id - step, max_id)``.
 
-        ``choose_step(table_step)`` picks the step (dynamic step); by default the table's.
-        An advance that would pass 2**63 - 1 raises :class:`SegmentExhausted` and writes
-        nothing.
+        ``rule`` picks the step (dynamic step); by default the table's. ``floor`` is the
+        first ID the caller may still hand out (the pool's mark); the range must start at
+        or above it, above a removed tag's mark and at 1: otherwise
+        :class:`CounterBehind` is raised and nothing is written. An advance that would
+        pass 2**63 - 1 raises :class:`SegmentExhausted` and writes nothing.
         """
         started = self._clock()
         with self._tx(f"{tag}: allocate") as conn:
@@ -303,12 +434,14 @@ class SegmentStore:
             ).first()
             if row is None:
                 raise UnknownTag(tag)
-            if int(row.max_id) < 0:
-                raise InvalidArgument(
-                    f"{tag}: max_id", int(row.max_id), "non-negative (IDs are >= 0)"
-                )
+            retired = self._retired(conn, tag)
+            lowest, why = max((FIRST_ID, "IDs start at 1"),
+                              (retired, "a removed tag of this name handed out IDs below it"),
+                              (floor, "the pool already holds or handed out IDs below it"))
+            if int(row.max_id) < lowest:
+                raise CounterBehind(tag, int(row.max_id), lowest, why)
             table_step = int(row.step)
-            step = choose_step(table_step) if choose_step else table_step
+            step = (rule or StepRule()).step(table_step)
             if step <= 0:
                 raise InvalidArgument(f"{tag}: step", step, "a positive integer")
             result = conn.execute(

@@ -11,13 +11,14 @@ from sqlalchemy import text
 from leafpool.config import MAX_ID
 from leafpool.errors import (
     BackendUnavailable,
+    CounterBehind,
     InvalidArgument,
     InvalidTag,
     SegmentExhausted,
     TagExists,
     UnknownTag,
 )
-from leafpool.store import SegmentStore
+from leafpool.store import SegmentStore, StepRule
 
 
 def test_init_schema_is_idempotent(store: SegmentStore) -> None:
@@ -43,8 +44,8 @@ def test_allocation_follows_leaf_range_rule(store: SegmentStore) -> None:
 
 def test_allocation_takes_the_chosen_step(store: SegmentStore) -> None:
     store.add_tag("order", step=1000, start=100)
-    seg = store.allocate("order", lambda table_step: table_step * 4)
-    assert (seg.start, seg.end, seg.step, seg.table_step) == (100, 4100, 4000, 1000)
+    seg = store.allocate("order", StepRule(current=2000, lasted_seconds=1.0))  # doubles
+    assert (seg.start, seg.end, seg.step, seg.table_step) == (4100 - 4000, 4100, 4000, 1000)
 
 
 def test_concurrent_allocations_never_overlap(store: SegmentStore) -> None:
@@ -126,3 +127,46 @@ def test_an_unreachable_database_is_backend_unavailable() -> None:
     dead = SegmentStore.from_url("mysql+pymysql://u:p@127.0.0.1:1/none")
     with pytest.raises(BackendUnavailable, match="database: order: allocate failed"):
         dead.allocate("order")
+
+
+def test_ids_start_at_one(store: SegmentStore) -> None:
+    with pytest.raises(InvalidArgument, match="start=0 .* >= 1"):
+        store.add_tag("pay", step=10, start=0)
+    with store.engine.begin() as conn:  # a Leaf user's hand-inserted row
+        conn.execute(text("INSERT INTO leaf_alloc(biz_tag, max_id, step) VALUES ('pay', 0, 10)"))
+    with pytest.raises(CounterBehind, match="max_id=0 is below 1,.*IDs start at 1"):
+        store.allocate("pay")
+    assert store.get_tag("pay").max_id == 0  # nothing allocated
+
+
+def test_a_removed_tag_added_again_continues_above_what_it_handed_out(
+    store: SegmentStore,
+) -> None:
+    store.add_tag("pay", step=10)
+    assert store.allocate("pay").end == 11
+    assert store.remove_tag("pay") == 11
+    with pytest.raises(InvalidArgument, match="start=1 .*at least 11"):
+        store.add_tag("pay", step=10, start=1)
+    assert store.add_tag("pay", step=10).max_id == 11  # no --start: continues
+    assert store.allocate("pay").start == 11
+
+
+def test_a_hand_inserted_row_below_a_retired_mark_is_refused(store: SegmentStore) -> None:
+    store.add_tag("pay", step=10)
+    store.allocate("pay")
+    store.remove_tag("pay", pool_mark=15)  # the pool's mark is kept when it is higher
+    with store.engine.begin() as conn:
+        conn.execute(text("INSERT INTO leaf_alloc(biz_tag, max_id, step) VALUES ('pay', 1, 10)"))
+    with pytest.raises(CounterBehind, match="max_id=1 is below 15,.*SET max_id = 15"):
+        store.allocate("pay")
+    assert store.get_tag("pay").max_id == 1
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE leaf_alloc SET max_id = 15 WHERE biz_tag = 'pay'"))
+    assert store.allocate("pay").start == 15
+
+
+def test_the_pools_floor_refuses_a_counter_that_went_back(store: SegmentStore) -> None:
+    store.add_tag("pay", step=10)
+    with pytest.raises(CounterBehind, match="max_id=1 is below 500"):
+        store.allocate("pay", floor=500)
+    assert store.get_tag("pay").max_id == 1
