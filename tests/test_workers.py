@@ -81,7 +81,9 @@ def test_a_worker_killed_mid_refill_is_redelivered_and_repeats_nothing(
     first = worker(env, tmp_path / "worker1.log", "-c", "1")
     procs.append(first)
     sender = Celery(broker=broker)
-    sender.send_task("leafpool.refill_segment", args=["order"], queue="leafpool.segment")
+    # force: the redelivered refill fills to the target wherever the kill left the list
+    # (without it, a kill past the low-water mark would leave nothing due)
+    sender.send_task("leafpool.refill_segment", args=["order", True], queue="leafpool.segment")
     services.wait_until(_has_ids(r, "order", 500), 60, "refill under way")
     first.kill()  # SIGKILL the worker and its pool process in the middle of the refill
     interrupted_at = r.llen("leafpool:{order}:ids")
@@ -124,8 +126,28 @@ def test_refills_recover_on_their_own_when_the_database_returns(
         services.wait_until(drained_and_failing, 90, "refill failures with the database down")
         assert len(served) >= 1000
         db.start(timeout=60)
-        services.wait_until(_has_ids(r, "order", 1000), 90, "refilled after the database returned")
-        after = [int(x) for x in r.lpop("leafpool:{order}:ids", 1000)]  # type: ignore[union-attr]
+        # The database's counter once it is back: every ID at or above it comes from an
+        # allocation made after the outage. While the pool is drained the refills are
+        # obliged to reach such IDs (list and reserve hold only finitely many below it).
+        # Waiting for a full list instead is not: a drain that stops at the low-water
+        # mark (500 of 1,000) leaves nothing due.
+        back = SegmentStore.from_url(db.extra["url"])
+        try:
+            counter = back.get_tag("order").max_id
+        finally:
+            back.engine.dispose()
+        after: list[int] = []
+
+        def served_above(mark: int) -> Callable[[], bool]:
+            def check() -> bool:
+                after.extend(int(x) for x in r.lpop("leafpool:{order}:ids", 500) or [])
+                return bool(after) and after[-1] >= mark
+            return check
+
+        services.wait_until(served_above(counter), 90,
+                            "IDs allocated after the database returned")
+        # once the drain stops, a list below its low-water mark is due a refill
+        services.wait_until(_has_ids(r, "order", 500), 90, "list back above its low-water mark")
         ids = served + after
         assert ids == sorted(set(ids))
         error = r.hget("leafpool:{order}:state", "last_error")
