@@ -123,7 +123,7 @@ def test_record_high_water_never_lowers_and_renews(make: Factory, db: Engine) ->
     with db.connect() as conn:
         age = conn.execute(text("SELECT TIMESTAMPDIFF(SECOND, update_time, NOW()) FROM "
                                 "leaf_workerid_alloc")).scalar_one()
-    assert age < 5  # the lease was renewed
+    assert age < 20  # the lease was renewed (it was 20 s old)
 
 
 def test_identity_held_by_a_live_process_is_refused(make: Factory) -> None:

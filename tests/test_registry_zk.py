@@ -313,8 +313,13 @@ def test_zookeeper_down_at_start_uses_the_cache_with_the_clock_check(
         own_zk.start()
         wait_serving(own_zk.extra["hosts"])
     clock.advance(1_000)
-    reg.tick()  # ZooKeeper answers again: worker ID confirmed, high-water synced
-    assert not reg.degraded and not reg.pending_sync
+
+    def synced() -> bool:  # each tick tries ZooKeeper again (a short connect timeout)
+        reg.tick()
+        return not reg.degraded and not reg.pending_sync
+
+    # ZooKeeper answers again: worker ID confirmed, high-water synced
+    services.wait_until(synced, 30, "worker ID confirmed in ZooKeeper")
     assert reg.node_path is not None
     assert node_data(hosts, reg.node_path)["timestamp"] >= cached
     gen.close()
