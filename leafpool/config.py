@@ -1,31 +1,236 @@
 """Settings: read from the environment (prefix ``LEAFPOOL_``) in this one place and
-validated once. A malformed value raises :class:`~leafpool.errors.ConfigurationError`
-naming the variable and the value."""
+validated once, when they are loaded (every entry point loads them before doing anything
+else). A malformed value raises :class:`~leafpool.errors.ConfigurationError` naming the
+variable, the value (passwords and tokens hidden) and what is allowed; nothing later has
+to re-check or re-parse a setting.
+
+What is checked here, beyond the types:
+
+- every float is finite (no ``inf``/``nan``) and every duration has an upper bound: a
+  huge value overflows a timestamp (``time.time() + wait``), a ``timedelta`` or a Redis
+  expiry, or blocks a thread for hours;
+- ``LEAFPOOL_SNOWFLAKE_MAX_BACKWARDS_MS`` is at most 1,000: the generator waits out a
+  small clock step back by sleeping twice the offset *while holding its lock*, so every
+  thread generating with that worker ID stalls for that long; a larger step is refused
+  (:class:`~leafpool.errors.ClockMovedBackwards`, the refill is retried) instead;
+- ``LEAFPOOL_SNOWFLAKE_EPOCH`` is not in the future and its 41 time bits are not used up;
+- ``LEAFPOOL_SNOWFLAKE_LOCAL_MAP`` and ``LEAFPOOL_HTTP_TOKENS`` parse; their parsed forms
+  are :attr:`Settings.local_map` and :attr:`Settings.token_policy`;
+- ``LEAFPOOL_SNOWFLAKE_NAME`` is a safe path segment;
+- ``LEAFPOOL_REDIS_URL`` is a Redis URL and ``LEAFPOOL_DATABASE_URL`` names a supported
+  database whose driver is installed.
+
+Checks that depend on the snowflake mode in use (ZooKeeper hosts, a MySQL URL for mode
+``mysql``, the renew interval against the lease) are made when the worker-ID registry is
+built, in the process that generates snowflake IDs.
+"""
 
 from __future__ import annotations
 
+import hmac
+import importlib.util
 import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from types import MappingProxyType
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from leafpool.errors import ConfigurationError
+from leafpool.errors import ConfigurationError, InvalidInput
+from leafpool.snowflake import MAX_WORKER_ID, validate_epoch, wall_clock_ms
+from leafpool.tags import validate_tag
 
 MAX_STEP = 1_000_000
 MAX_ID = 2**63 - 1
+MINUTE = 60.0
+HOUR = 3_600.0
+DAY = 86_400.0
+#: the longest clock step back a snowflake generator waits out (it sleeps twice this
+#: while holding its lock); see the module docstring
+MAX_BACKWARDS_MS = 1_000
+
+LOCAL_MAP_ENV = "LEAFPOOL_SNOWFLAKE_LOCAL_MAP"
+TOKENS_ENV = "LEAFPOOL_HTTP_TOKENS"
+REDIS_URL_ENV = "LEAFPOOL_REDIS_URL"
+DATABASE_URL_ENV = "LEAFPOOL_DATABASE_URL"
+
+#: supported segment-store URL schemes and the module each driver needs
+DATABASE_DRIVERS = {
+    "sqlite": "sqlite3",
+    "sqlite+pysqlite": "sqlite3",
+    "mysql+pymysql": "pymysql",  # a leafpool dependency
+    "mysql": "MySQLdb",  # SQLAlchemy's default MySQL driver: mysqlclient, not installed by us
+    "mysql+mysqldb": "MySQLdb",
+}
 
 
 def default_home() -> Path:
     return Path(os.environ.get("LEAFPOOL_HOME", Path.home() / ".leafpool"))
 
 
+def hide_password(url: str) -> str:
+    """``scheme://user:***@host/...``: a URL fit for a message or a log line."""
+    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+
+
+# -- LEAFPOOL_SNOWFLAKE_LOCAL_MAP -----------------------------------------------------------
+
+LocalMap = Mapping[str, int] | int | None
+
+
+@lru_cache(maxsize=16)
+def parse_local_map(value: str) -> LocalMap:
+    """``LEAFPOOL_SNOWFLAKE_LOCAL_MAP``: ``{identity: worker_id}`` (read-only), an int for a
+    bare number, None when empty (the lowest worker ID free on this host)."""
+    text = value.strip()
+    if not text:
+        return None
+    if text.isdigit():
+        return _map_worker_id(text, value)
+    mapping: dict[str, int] = {}
+    owners: dict[int, str] = {}
+    for raw in text.replace("\n", ",").split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        identity, sep, number = entry.rpartition("=")
+        identity = identity.strip()
+        if not sep or not identity:
+            raise ConfigurationError(LOCAL_MAP_ENV, value,
+                                     f"entry {entry!r} is not identity=worker_id")
+        worker_id = _map_worker_id(number.strip(), value)
+        if identity in mapping:
+            raise ConfigurationError(LOCAL_MAP_ENV, value,
+                                     f"identity {identity!r} is listed twice")
+        if worker_id in owners:
+            raise ConfigurationError(
+                LOCAL_MAP_ENV, value,
+                f"worker ID {worker_id} is given to both {owners[worker_id]!r} and "
+                f"{identity!r}; they would generate duplicate IDs",
+            )
+        mapping[identity] = worker_id
+        owners[worker_id] = identity
+    if not mapping:
+        raise ConfigurationError(LOCAL_MAP_ENV, value, "no identity=worker_id entry")
+    return MappingProxyType(mapping)
+
+
+def _map_worker_id(text: str, value: str) -> int:
+    if not text.isdigit() or int(text) > MAX_WORKER_ID:
+        raise ConfigurationError(
+            LOCAL_MAP_ENV, value,
+            f"worker ID {text!r} is not an integer from 0 to {MAX_WORKER_ID}")
+    return int(text)
+
+
+# -- LEAFPOOL_HTTP_TOKENS ------------------------------------------------------------------
+
+_TOKEN_RE = re.compile(r"[!-~]+")  # printable ASCII, no spaces
+_TOKEN_FORBIDDEN = set(";=,")
+
+
+@dataclass(frozen=True)
+class TokenPolicy:
+    """``token -> allowed tags`` (``None``: every tag). Empty: auth is off."""
+
+    grants: tuple[tuple[str, frozenset[str] | None], ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.grants)
+
+    def lookup(self, token: str) -> tuple[bool, frozenset[str] | None]:
+        """(known, allowed tags). Compares every token in constant time."""
+        found: tuple[bool, frozenset[str] | None] = (False, frozenset())
+        given = token.encode()
+        for candidate, tags in self.grants:
+            if hmac.compare_digest(candidate.encode(), given):
+                found = (True, tags)
+        return found
+
+
+@lru_cache(maxsize=16)
+def parse_tokens(value: str) -> TokenPolicy:
+    """``LEAFPOOL_HTTP_TOKENS``: ``token=tag,tag;token=*``. A malformed value raises
+    :class:`ConfigurationError` naming the variable and the entry (never the token)."""
+    grants: list[tuple[str, frozenset[str] | None]] = []
+    seen: set[str] = set()
+    for number, raw in enumerate(value.split(";"), start=1):
+        entry = raw.strip()
+        if not entry:
+            continue
+        token, eq, tags_part = entry.partition("=")
+        token = token.strip()
+        shown = f"entry {number}: '<token>={tags_part.strip()}'"
+        if not eq or not token:
+            raise ConfigurationError(
+                TOKENS_ENV, f"entry {number}",
+                "entries look like 'token=tag1,tag2' or 'token=*', separated by ';'")
+        if not _TOKEN_RE.fullmatch(token) or _TOKEN_FORBIDDEN & set(token):
+            raise ConfigurationError(
+                TOKENS_ENV, shown,
+                "a token is printable ASCII without spaces, ';', '=' or ','")
+        if token in seen:
+            raise ConfigurationError(TOKENS_ENV, shown, "each token may appear once")
+        seen.add(token)
+        names = [t.strip() for t in tags_part.split(",")]
+        if names == ["*"]:
+            grants.append((token, None))
+            continue
+        if not names or any(not n for n in names):
+            raise ConfigurationError(
+                TOKENS_ENV, shown, "a comma-separated list of tags, or '*' for every tag")
+        for name in names:
+            try:
+                validate_tag(name)
+            except InvalidInput as exc:
+                raise ConfigurationError(TOKENS_ENV, shown, f"tag {exc}") from exc
+        grants.append((token, frozenset(names)))
+    return TokenPolicy(tuple(grants))
+
+
+# -- URLs -----------------------------------------------------------------------------------
+
+def check_redis_url(url: str) -> str:
+    from redis.connection import parse_url  # redis-py's own parser, as from_url uses it
+
+    try:
+        parse_url(url)  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(
+            REDIS_URL_ENV, hide_password(url),
+            f"a Redis URL that redis-py accepts: {exc}") from None
+    return url
+
+
+def check_database_url(url: str) -> str:
+    scheme, sep, _ = url.partition("://")
+    allowed = ", ".join(f"{s}://" for s in DATABASE_DRIVERS)
+    if not sep or scheme not in DATABASE_DRIVERS:
+        raise ConfigurationError(DATABASE_URL_ENV, hide_password(url),
+                                 f"a SQLite or MySQL/MariaDB SQLAlchemy URL: {allowed}")
+    module = DATABASE_DRIVERS[scheme]
+    if importlib.util.find_spec(module) is None:
+        raise ConfigurationError(
+            DATABASE_URL_ENV, hide_password(url),
+            f"the driver of {scheme}:// (Python module {module}) is not installed; "
+            "mysql+pymysql:// uses PyMySQL, which leafpool installs")
+    return url
+
+
+# -- the settings ---------------------------------------------------------------------------
+
 class Settings(BaseSettings):
     """Every tunable of leafpool. Field ``foo`` is read from ``LEAFPOOL_FOO``."""
 
-    model_config = SettingsConfigDict(env_prefix="LEAFPOOL_", extra="ignore", frozen=True)
+    # allow_inf_nan=False: every float setting must be a finite number
+    model_config = SettingsConfigDict(env_prefix="LEAFPOOL_", extra="ignore", frozen=True,
+                                      allow_inf_nan=False)
 
     # where things live
     database_url: str = ""
@@ -33,33 +238,33 @@ class Settings(BaseSettings):
     broker_url: str = ""
     key_prefix: str = "leafpool"
 
-    # pool sizing (design.md section 3)
-    pool_seconds: float = Field(30.0, gt=0)
+    # pool sizing (design.md section 3); rate x seconds must stay a sane integer
+    pool_seconds: float = Field(30.0, gt=0, le=DAY)
     pool_floor: int = Field(2_000, ge=1)
-    pool_ceiling: int = Field(1_000_000, ge=1)
+    pool_ceiling: int = Field(1_000_000, ge=1, le=100_000_000)
     low_water_ratio: float = Field(0.5, gt=0, lt=1)
     chunk_size: int = Field(1_000, ge=1, le=100_000)
-    reserve_seconds: float = Field(60.0, gt=0)
+    reserve_seconds: float = Field(60.0, gt=0, le=DAY)
     rate_smoothing: float = Field(0.3, gt=0, le=1)
 
     # dynamic step (Leaf: 15 and 30 minutes)
-    step_grow_seconds: float = Field(15 * 60, gt=0)
-    step_shrink_seconds: float = Field(30 * 60, gt=0)
+    step_grow_seconds: float = Field(15 * MINUTE, gt=0, le=7 * DAY)
+    step_shrink_seconds: float = Field(30 * MINUTE, gt=0, le=7 * DAY)
     max_step: int = Field(MAX_STEP, ge=1, le=MAX_STEP)
 
     # refill lock and retries
-    lock_ttl_ms: int = Field(30_000, ge=100)
-    refill_retry_max: int = Field(20, ge=0)
-    refill_retry_backoff_max: float = Field(30.0, gt=0)
+    lock_ttl_ms: int = Field(30_000, ge=100, le=int(HOUR * 1000))
+    refill_retry_max: int = Field(20, ge=0, le=1_000)
+    refill_retry_backoff_max: float = Field(30.0, gt=0, le=HOUR)
 
     # schedules
-    tag_sync_seconds: float = Field(60.0, gt=0)
-    sweep_seconds: float = Field(1.0, gt=0)
-    visibility_timeout: int = Field(300, ge=1)
+    tag_sync_seconds: float = Field(60.0, gt=0, le=DAY)
+    sweep_seconds: float = Field(1.0, gt=0, le=HOUR)
+    visibility_timeout: int = Field(300, ge=1, le=int(7 * DAY))
 
-    # client policy on an empty pool
+    # client policy on an empty pool (a request waits this long at most)
     empty_policy: Literal["raise", "wait", "reserve"] = "wait"
-    empty_wait_seconds: float = Field(2.0, ge=0)
+    empty_wait_seconds: float = Field(2.0, ge=0, le=5 * MINUTE)
 
     # snowflake (design.md section 4)
     snowflake_mode: Literal["zk", "zk_recycle", "mysql", "local"] | None = None
@@ -67,16 +272,17 @@ class Settings(BaseSettings):
     snowflake_name: str = "leafpool"
     snowflake_epoch: int = Field(1288834974657, ge=0)
     snowflake_random_sequence: int = Field(100, ge=0, le=4096)
-    snowflake_batch_seconds: float = Field(2.0, gt=0)
-    snowflake_max_backwards_ms: int = Field(5, ge=0)
-    snowflake_peer_skew_ms: int = Field(5_000, ge=0)
-    snowflake_report_seconds: float = Field(3.0, gt=0)
+    snowflake_batch_seconds: float = Field(2.0, gt=0, le=HOUR)
+    snowflake_max_backwards_ms: int = Field(5, ge=0, le=MAX_BACKWARDS_MS)
+    snowflake_peer_skew_ms: int = Field(5_000, ge=0, le=int(HOUR * 1000))
+    # also the window recorded ahead of the clock: a restart after a crash may wait it out
+    snowflake_report_seconds: float = Field(3.0, gt=0, le=MINUTE)
     # a start whose clock is behind the recorded timestamp by at most this waits for the
     # clock to pass it (a restart after a crash, within the window recorded ahead)
     snowflake_start_wait_ms: int = Field(3_000, ge=0, le=60_000)
-    snowflake_lease_seconds: float = Field(30.0, gt=0)
-    snowflake_renew_seconds: float = Field(10.0, gt=0)
-    snowflake_exhaustion_warn_days: int = Field(365, ge=0)
+    snowflake_lease_seconds: float = Field(30.0, gt=0, le=HOUR)
+    snowflake_renew_seconds: float = Field(10.0, gt=0, le=HOUR)
+    snowflake_exhaustion_warn_days: int = Field(365, ge=0, le=36_500)
     snowflake_local_map: str = ""
     snowflake_cache_dir: str = ""
 
@@ -93,15 +299,55 @@ class Settings(BaseSettings):
             raise ValueError("a non-empty prefix without braces, colons or spaces")
         return value
 
+    # The validators below raise ConfigurationError themselves (pydantic passes it on
+    # unchanged): their messages name the variable and hide secrets.
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        return check_redis_url(value)
+
+    @field_validator("snowflake_epoch")
+    @classmethod
+    def _epoch(cls, value: int) -> int:
+        return validate_epoch(value, wall_clock_ms())
+
+    @field_validator("snowflake_name")
+    @classmethod
+    def _snowflake_name(cls, value: str) -> str:
+        # the rule lives with the registries (a ZooKeeper path segment and a directory
+        # name); imported here, not at the top: the registries import this module
+        from leafpool.registry.identity import validate_name
+
+        return validate_name(value)
+
+    @field_validator("snowflake_local_map")
+    @classmethod
+    def _local_map(cls, value: str) -> str:
+        parse_local_map(value)
+        return value
+
+    @field_validator("http_tokens")
+    @classmethod
+    def _tokens(cls, value: str) -> str:
+        parse_tokens(value)
+        return value
+
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:
         if self.pool_floor > self.pool_ceiling:
-            raise ValueError(
-                f"pool_floor={self.pool_floor} must not exceed pool_ceiling={self.pool_ceiling}"
-            )
+            raise ConfigurationError(
+                "LEAFPOOL_POOL_FLOOR", self.pool_floor,
+                f"must not exceed LEAFPOOL_POOL_CEILING={self.pool_ceiling}")
+        if self.step_grow_seconds > self.step_shrink_seconds:
+            raise ConfigurationError(
+                "LEAFPOOL_STEP_GROW_SECONDS", self.step_grow_seconds,
+                f"must not exceed LEAFPOOL_STEP_SHRINK_SECONDS={self.step_shrink_seconds} "
+                "(a segment cannot last both less than the one and more than the other)")
         if not self.database_url:
             home = default_home()
             object.__setattr__(self, "database_url", f"sqlite:///{home / 'leafpool.sqlite3'}")
+        check_database_url(self.database_url)
         if not self.broker_url:
             object.__setattr__(self, "broker_url", self.redis_url)
         if self.snowflake_mode is None:
@@ -110,18 +356,42 @@ class Settings(BaseSettings):
             object.__setattr__(self, "snowflake_cache_dir", str(default_home() / "snowflake"))
         return self
 
+    # -- parsed forms (validated at load; parsed once per value) ---------------------------
+
+    @property
+    def local_map(self) -> LocalMap:
+        """``LEAFPOOL_SNOWFLAKE_LOCAL_MAP`` parsed (see :func:`parse_local_map`)."""
+        return parse_local_map(self.snowflake_local_map)
+
+    @property
+    def token_policy(self) -> TokenPolicy:
+        """``LEAFPOOL_HTTP_TOKENS`` parsed (see :func:`parse_tokens`)."""
+        return parse_tokens(self.http_tokens)
+
+
+def _env_name(loc: tuple[Any, ...]) -> str:
+    return f"LEAFPOOL_{str(loc[0]).upper()}" if loc else "LEAFPOOL_*"
+
 
 def load_settings(**overrides: object) -> Settings:
-    """Read and validate the settings; wrap pydantic's error in ConfigurationError."""
+    """Read and validate the settings. Any malformed value raises ConfigurationError naming
+    the (first) variable, its value and what is allowed."""
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = err.get("loc") or ()
-        field = str(loc[0]) if loc else "settings"
-        env = f"LEAFPOOL_{field.upper()}" if loc else "LEAFPOOL_*"
-        value = os.environ.get(env, err.get("input"))
-        raise ConfigurationError(env, value, err.get("msg", "invalid")) from exc
+        errors = exc.errors()
+        err = errors[0]
+        env = _env_name(tuple(err.get("loc") or ()))
+        field = env.removeprefix("LEAFPOOL_").lower()
+        value = overrides.get(field, os.environ.get(env, err.get("input")))
+        if env in (REDIS_URL_ENV, DATABASE_URL_ENV, "LEAFPOOL_BROKER_URL"):
+            value = hide_password(str(value))
+        allowed = err.get("msg", "invalid")
+        others = sorted({_env_name(tuple(e.get("loc") or ())) for e in errors[1:]} - {env})
+        if others:
+            allowed += f" (also not valid: {', '.join(others)})"
+        # the message says it all; pydantic's own report would only repeat it
+        raise ConfigurationError(env, value, allowed) from None
 
 
 @lru_cache(maxsize=1)

@@ -34,7 +34,6 @@ to an internal network.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import html
 import logging
 import math
@@ -42,7 +41,6 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -58,10 +56,9 @@ from starlette.routing import Route
 
 from leafpool import metrics
 from leafpool.client import MAX_BATCH, AsyncClient
-from leafpool.config import Settings, get_settings
+from leafpool.config import Settings, TokenPolicy, get_settings
 from leafpool.errors import (
     BackendUnavailable,
-    ConfigurationError,
     InvalidArgument,
     InvalidInput,
     LeafpoolError,
@@ -83,75 +80,11 @@ SEGMENT = "segment"
 SNOWFLAKE = "snowflake"
 MODES = (SEGMENT, SNOWFLAKE)
 TOKEN_HEADER = "X-Leafpool-Token"
-TOKENS_ENV = "LEAFPOOL_HTTP_TOKENS"
 MODE_CACHE_SECONDS = 5.0  # a tag's mode is read from Redis at most this often
 HEALTH_TIMEOUT_SECONDS = 2.0
 DEFAULT_REFRESH_SECONDS = 5
 NO_STORE = {"Cache-Control": "no-store"}
 _COUNT_RE = re.compile(r"[0-9]{1,9}")
-_TOKEN_RE = re.compile(r"[!-~]+")  # printable ASCII, no spaces
-_TOKEN_FORBIDDEN = set(";=,")
-
-
-# -- token auth ------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TokenPolicy:
-    """``token -> allowed tags`` (``None``: every tag). Empty: auth is off."""
-
-    grants: tuple[tuple[str, frozenset[str] | None], ...] = ()
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.grants)
-
-    def lookup(self, token: str) -> tuple[bool, frozenset[str] | None]:
-        """(known, allowed tags). Compares every token in constant time."""
-        found: tuple[bool, frozenset[str] | None] = (False, frozenset())
-        given = token.encode()
-        for candidate, tags in self.grants:
-            if hmac.compare_digest(candidate.encode(), given):
-                found = (True, tags)
-        return found
-
-
-def parse_tokens(value: str) -> TokenPolicy:
-    """Parse ``LEAFPOOL_HTTP_TOKENS``: ``token=tag,tag;token=*``. A malformed value raises
-    :class:`ConfigurationError` naming the variable (the token itself is not repeated)."""
-    grants: list[tuple[str, frozenset[str] | None]] = []
-    seen: set[str] = set()
-    for number, raw in enumerate(value.split(";"), start=1):
-        entry = raw.strip()
-        if not entry:
-            continue
-        token, eq, tags_part = entry.partition("=")
-        token = token.strip()
-        shown = f"entry {number}: '<token>={tags_part.strip()}'"
-        if not eq or not token:
-            raise ConfigurationError(
-                TOKENS_ENV, f"entry {number}",
-                "entries look like 'token=tag1,tag2' or 'token=*', separated by ';'")
-        if not _TOKEN_RE.fullmatch(token) or _TOKEN_FORBIDDEN & set(token):
-            raise ConfigurationError(
-                TOKENS_ENV, shown,
-                "a token is printable ASCII without spaces, ';', '=' or ','")
-        if token in seen:
-            raise ConfigurationError(TOKENS_ENV, shown, "each token may appear once")
-        seen.add(token)
-        names = [t.strip() for t in tags_part.split(",")]
-        if names == ["*"]:
-            grants.append((token, None))
-            continue
-        if not names or any(not n for n in names):
-            raise ConfigurationError(
-                TOKENS_ENV, shown, "a comma-separated list of tags, or '*' for every tag")
-        for name in names:
-            try:
-                validate_tag(name)
-            except InvalidInput as exc:
-                raise ConfigurationError(TOKENS_ENV, shown, f"tag {exc}") from exc
-        grants.append((token, frozenset(names)))
-    return TokenPolicy(tuple(grants))
 
 
 # -- errors as responses -----------------------------------------------------------------
@@ -228,7 +161,7 @@ class Service:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.tokens = parse_tokens(settings.http_tokens)
+        self.tokens: TokenPolicy = settings.token_policy  # parsed with the settings
         self.max_count = min(settings.http_max_count, MAX_BATCH)
         self.retry_after = max(1, math.ceil(settings.sweep_seconds))
         self.runtime = Runtime(settings)
@@ -749,8 +682,8 @@ def _routes() -> Iterable[Route]:
 
 
 def create_app(settings: Settings | None = None) -> Starlette:
-    """The ASGI app. ``LEAFPOOL_HTTP_TOKENS`` is parsed here: a malformed value raises
-    :class:`ConfigurationError` before anything is served."""
+    """The ASGI app. The settings were validated when they were loaded (a malformed
+    ``LEAFPOOL_HTTP_TOKENS`` stops the program before anything is served)."""
     service = Service(settings or get_settings())
 
     @asynccontextmanager

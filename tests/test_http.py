@@ -13,9 +13,9 @@ import pytest
 import redis
 from starlette.testclient import TestClient
 
-from leafpool.config import Settings
+from leafpool.config import Settings, parse_tokens
 from leafpool.errors import ConfigurationError
-from leafpool.http import create_app, parse_tokens
+from leafpool.http import create_app
 from leafpool.pool import Pool
 from leafpool.store import SegmentStore
 from tests.services import free_port
@@ -440,8 +440,8 @@ def test_malformed_tokens_setting_names_the_variable_not_the_secret(
     message = str(caught.value)
     assert "LEAFPOOL_HTTP_TOKENS" in message and complaint in message
     assert "secret-token" not in message and "secret token" not in message
-    with pytest.raises(ConfigurationError):
-        create_app(make_settings(http_tokens=value))
+    with pytest.raises(ConfigurationError):  # refused when the settings load
+        make_settings(http_tokens=value)
 
 
 def test_empty_tokens_setting_turns_auth_off() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from leafpool.config import Settings, load_settings
+from leafpool.config import Settings, load_settings, parse_local_map
 from leafpool.errors import (
     ClockMovedBackwards,
     ConfigurationError,
@@ -19,7 +19,7 @@ from leafpool.errors import (
 from leafpool.registry import LeasedGenerator, open_registry
 from leafpool.registry.cache import CacheFile, CacheRecord
 from leafpool.registry.identity import safe_identity, unsafe_identity
-from leafpool.registry.local import LocalRegistry, parse_local_map
+from leafpool.registry.local import LocalRegistry
 from leafpool.snowflake import decode
 from tests.ms_clock import T0, MsClock
 
@@ -75,10 +75,18 @@ def test_bad_map_names_the_variable_and_value(value: str, why: str) -> None:
     assert why in str(err.value)
 
 
-def test_bad_map_refused_when_the_registry_is_built(settings: Callable[..., Settings]) -> None:
+def test_bad_map_refused_when_the_settings_load(settings: Callable[..., Settings]) -> None:
     with pytest.raises(ConfigurationError) as err:
-        open_registry(settings(snowflake_local_map="nope"), "h:n:0")
-    assert "LEAFPOOL_SNOWFLAKE_LOCAL_MAP" in str(err.value)
+        settings(snowflake_local_map="nope")  # not at the first snowflake refill
+    assert err.value.field == "LEAFPOOL_SNOWFLAKE_LOCAL_MAP"
+
+
+def test_the_registry_uses_the_parsed_map(settings: Callable[..., Settings]) -> None:
+    s = settings()
+    reg = open_registry(s, "host-a:node1:1")
+    assert isinstance(reg, LocalRegistry)
+    assert reg.mapping is s.local_map
+    assert reg.worker_id_for_identity() == 3
 
 
 def test_identity_missing_from_the_map(settings: Callable[..., Settings]) -> None:

@@ -1,7 +1,8 @@
 """Mode ``local``: a static identity -> worker ID map (NotFound9's local mode), for hosts
 whose processes never change.
 
-``LEAFPOOL_SNOWFLAKE_LOCAL_MAP`` is either
+``LEAFPOOL_SNOWFLAKE_LOCAL_MAP`` (parsed and validated with the settings:
+:func:`leafpool.config.parse_local_map`) is either
 
 - a comma-separated list of ``identity=worker_id`` entries, e.g.
   ``host-a:node1:0=1,host-b:node1:0=2`` (the identity is ``host:celery-node:index``;
@@ -27,7 +28,7 @@ import logging
 import os
 from typing import Any
 
-from leafpool.config import Settings
+from leafpool.config import LOCAL_MAP_ENV, Settings
 from leafpool.errors import ConfigurationError, WorkerIdUnavailable
 from leafpool.registry.base import BaseRegistry, Lease
 from leafpool.registry.cache import read_all
@@ -35,57 +36,13 @@ from leafpool.snowflake import MAX_WORKER_ID
 
 log = logging.getLogger(__name__)
 
-MAP_ENV = "LEAFPOOL_SNOWFLAKE_LOCAL_MAP"
-
-
-def parse_local_map(value: str) -> dict[str, int] | int | None:
-    """``{identity: worker_id}``, an int for a bare number, None when empty (the lowest
-    worker ID free on this host)."""
-    text = value.strip()
-    if not text:
-        return None
-    if text.isdigit():
-        return _worker_id(text, value)
-    mapping: dict[str, int] = {}
-    owners: dict[int, str] = {}
-    for raw in text.replace("\n", ",").split(","):
-        entry = raw.strip()
-        if not entry:
-            continue
-        identity, sep, number = entry.rpartition("=")
-        identity = identity.strip()
-        if not sep or not identity:
-            raise ConfigurationError(MAP_ENV, value,
-                                     f"entry {entry!r} is not identity=worker_id")
-        worker_id = _worker_id(number.strip(), value)
-        if identity in mapping:
-            raise ConfigurationError(MAP_ENV, value, f"identity {identity!r} is listed twice")
-        if worker_id in owners:
-            raise ConfigurationError(
-                MAP_ENV, value,
-                f"worker ID {worker_id} is given to both {owners[worker_id]!r} and "
-                f"{identity!r}; they would generate duplicate IDs",
-            )
-        mapping[identity] = worker_id
-        owners[worker_id] = identity
-    if not mapping:
-        raise ConfigurationError(MAP_ENV, value, "no identity=worker_id entry")
-    return mapping
-
-
-def _worker_id(text: str, value: str) -> int:
-    if not text.isdigit() or int(text) > MAX_WORKER_ID:
-        raise ConfigurationError(MAP_ENV, value,
-                                 f"worker ID {text!r} is not an integer from 0 to {MAX_WORKER_ID}")
-    return int(text)
-
 
 class LocalRegistry(BaseRegistry):
     mode = "local"
 
     def __init__(self, settings: Settings, identity: str, **kwargs: Any) -> None:
         super().__init__(settings, identity, **kwargs)
-        self.mapping = parse_local_map(settings.snowflake_local_map)
+        self.mapping = settings.local_map  # parsed and validated with the settings
         self._lock_fd: int | None = None
 
     def worker_id_for_identity(self) -> int:
@@ -97,7 +54,7 @@ class LocalRegistry(BaseRegistry):
             return self.mapping[self.identity]
         except KeyError:
             raise ConfigurationError(
-                MAP_ENV, self.settings.snowflake_local_map,
+                LOCAL_MAP_ENV, self.settings.snowflake_local_map,
                 f"has no entry for this process's identity {self.identity!r}",
             ) from None
 
