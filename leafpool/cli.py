@@ -19,7 +19,14 @@ from rich.console import Console
 from rich.table import Table
 
 from leafpool.config import get_settings
-from leafpool.errors import InvalidArgument, InvalidInput, LeafpoolError, TagExists, UnknownTag
+from leafpool.errors import (
+    InvalidArgument,
+    InvalidInput,
+    LeafpoolError,
+    TagExists,
+    UnknownTag,
+)
+from leafpool.refill import pool_floor
 from leafpool.runtime import Runtime
 from leafpool.status import age, pool_status
 from leafpool.tags import validate_tag
@@ -88,7 +95,9 @@ def tag_add(
     mode: Annotated[str, typer.Option(help="segment or snowflake")] = "segment",
     step: Annotated[int | None, typer.Option(
         help="segment: IDs per database segment (1..1,000,000)")] = None,
-    start: Annotated[int, typer.Option(help="segment: the first ID handed out")] = 1,
+    start: Annotated[int | None, typer.Option(
+        help="segment: the first ID handed out (default 1, or where a removed tag of "
+             "this name stopped)")] = None,
     description: Annotated[str | None, typer.Option(help="Free text")] = None,
 ) -> None:
     """Add a tag: segment mode (needs --step) or snowflake mode."""
@@ -104,9 +113,11 @@ def tag_add(
         raise InvalidArgument("mode", mode, "segment or snowflake")
     if step is None:
         raise InvalidArgument("step", None, "required for segment tags: 1 to 1,000,000")
-    rt.store.add_tag(tag, step, start, description)
+    row = rt.store.add_tag(tag, step, start, description)
     _register(rt, tag, "segment", table_step=step)
-    out.print(f"{tag}: added (step {step}, first ID {start})")
+    resumed = " (a removed tag of this name stopped there)" if start is None and \
+        row.max_id > 1 else ""
+    out.print(f"{tag}: added (step {step}, first ID {row.max_id}{resumed})")
 
 
 @tag_app.command("list")
@@ -148,7 +159,15 @@ def tag_remove(tag: str) -> None:
     validate_tag(tag)
     rt = _runtime()
     if not rt.store.remove_snowflake_tag(tag):
-        rt.store.remove_tag(tag)
+        try:  # the database's max_id covers every ID the pool holds, unless the row was
+            mark = pool_floor(rt.pool.snapshot(tag))  # re-created lower by hand
+        except LeafpoolError as exc:
+            mark = 0
+            err.print(f"warning: {tag}: the pool's mark cannot be read ({exc}); keeping the "
+                      "database's max_id as the retired mark", highlight=False)
+        kept = rt.store.remove_tag(tag, mark)
+        out.print(f"{tag}: IDs below {kept} are retired; a tag added again under this "
+                  f"name starts at {kept} or above")
     try:
         rt.pool.drop(tag)
     except LeafpoolError as exc:

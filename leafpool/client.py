@@ -15,6 +15,7 @@ unknown tag raises :class:`UnknownTag`; no path ever returns a sentinel ID (G5).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Literal
@@ -33,6 +34,20 @@ from leafpool.tags import validate_tag
 Policy = Literal["raise", "wait", "reserve"]
 POLICIES = ("raise", "wait", "reserve")
 MAX_BATCH = 100_000
+MAX_TAKE_TRIES = 100
+
+log = logging.getLogger(__name__)
+
+
+def _retryable(tag: str, code: int) -> bool:
+    """A reserve take refused because the state moved on (head moved) is tried again; a
+    refusal that another try cannot change (not above the high-water mark, not a
+    canonical decimal, outside the head) ends the take: the client waits for the refill."""
+    if code in scripts.RETRYABLE_TAKE:
+        return True
+    log.warning("%s: reserve take refused (%s); waiting for the refill instead", tag,
+                scripts.REFUSALS.get(code, code))
+    return False
 
 
 def _check_count(n: int) -> int:
@@ -131,7 +146,7 @@ class Client(_Base):
         """Take up to ``n`` IDs from the reserve head while the list is empty."""
         key = self._ids_keys[tag]
         out: list[int] = []
-        for _ in range(100):  # bounded: each retry means another client moved the head
+        for _ in range(MAX_TAKE_TRIES):  # each retry: another client or the refill moved on
             if len(out) == n:
                 break
             head = self._pool.reserve_head(tag)
@@ -145,6 +160,8 @@ class Client(_Base):
                 with redis_errors(f"{tag}: LPOP"):
                     raw = self.redis.lpop(key, n - len(out))
                 out += map(int, raw or [])  # type: ignore[call-overload]
+            elif not _retryable(tag, code):
+                break
         return out
 
     def _wait(self, tag: str, n: int, got: list[int]) -> list[int]:
@@ -226,7 +243,7 @@ class AsyncClient(_Base):
     async def _from_reserve(self, tag: str, n: int) -> list[int]:
         k = self.keys.tag(tag)
         out: list[int] = []
-        for _ in range(100):
+        for _ in range(MAX_TAKE_TRIES):
             if len(out) == n:
                 break
             with redis_errors(f"{tag}: reserve head"):
@@ -244,6 +261,8 @@ class AsyncClient(_Base):
                 with redis_errors(f"{tag}: LPOP"):
                     raw = await self.redis.lpop(k.ids, n - len(out))
                 out += map(int, raw or [])
+            elif not _retryable(tag, code):
+                break
         return out
 
     async def _wait(self, tag: str, n: int, got: list[int]) -> list[int]:

@@ -125,16 +125,28 @@ class Pool:
             added = pipe.execute()[0]
         return bool(added)
 
-    def drop(self, tag: str) -> None:
+    def drop(self, tag: str, if_created_ms: str | None = None) -> bool:
         """Forget ``tag``: its keys go away (the ready IDs in it are a gap, never reused:
-        a running refiller loses its lock and every write it tries is refused)."""
+        a running refiller loses its lock and every write it tries is refused).
+
+        With ``if_created_ms``, only while the tag's state still has that ``created_ms``
+        (a tag dropped and registered again meanwhile is kept). True when dropped."""
         k = self.tag(tag)
-        with redis_errors(f"{tag}: drop"):
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.srem(self.keys.tags, tag)
-            pipe.srem(self.keys.wanted, tag)
-            pipe.delete(*k.all())
-            pipe.execute()
+        with redis_errors(f"{tag}: drop"), self.redis.pipeline(transaction=True) as pipe:
+            try:
+                if if_created_ms is not None:
+                    pipe.watch(k.state)  # type: ignore[no-untyped-call]
+                    current = pipe.hget(k.state, "created_ms")
+                    if (_text(current) if current is not None else "") != if_created_ms:
+                        return False
+                    pipe.multi()
+                pipe.srem(self.keys.tags, tag)
+                pipe.srem(self.keys.wanted, tag)
+                pipe.delete(*k.all())
+                pipe.execute()
+            except redis.WatchError:
+                return False
+        return True
 
     def tags(self) -> list[str]:
         with redis_errors("list tags"):

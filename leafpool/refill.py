@@ -5,7 +5,8 @@
 3. below low-water, move IDs from the reserve head into ``ids`` in chunks;
 4. keep the reserve topped up from the database (one atomic ``max_id`` advance each);
 5. every write is a fenced Lua script that refuses IDs not above the high-water mark;
-6. the step follows Leaf's 15/30-minute rule.
+6. the step follows Leaf's 15/30-minute rule, applied to how long the last consumed
+   segment lasted (measured from consumption, never from back-to-back allocations).
 
 The list is filled from the reserve *before* the database is asked, so a database outage
 leaves the pool serving list + reserve while the task retries.
@@ -20,16 +21,20 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from leafpool import scripts
 from leafpool.config import Settings
-from leafpool.errors import BackendUnavailable, LeafpoolError, StaleWrite
+from leafpool.errors import BackendUnavailable, CounterBehind, LeafpoolError, StaleWrite
 from leafpool.lock import RefillLock
 from leafpool.pool import Pool, Range, Snapshot
-from leafpool.step import next_step, pool_target, smooth_rate
-from leafpool.store import SegmentStore
+from leafpool.step import pool_target, smooth_rate
+from leafpool.store import SegmentStore, StepRule
 
 log = logging.getLogger(__name__)
 
 MAX_ALLOCATIONS_PER_REFILL = 16
+# A client taking from the reserve (policy "reserve") moves its head under a running
+# refill; the refill reads the reserve again and carries on, this many times at most.
+MAX_HEAD_REREADS = 1000
 
 
 @dataclass
@@ -112,7 +117,8 @@ class Refiller(ABC):
         return result
 
     def _record_failure(self, tag: str, exc: LeafpoolError) -> None:
-        log.warning("%s: refill failed: %s", tag, exc)
+        level = logging.ERROR if isinstance(exc, CounterBehind) else logging.WARNING
+        log.log(level, "%s: refill failed: %s", tag, exc)
         try:
             self.pool.record(tag, last_error=str(exc), last_error_ms=self._now_ms(),
                              last_refill_ms=self._now_ms(),
@@ -181,23 +187,37 @@ class SegmentRefiller(Refiller):
         result = RefillResult(tag, length=snap.length, target=target,
                               step=snap.int("step"))
         reserve = list(snap.reserve)
-        alloc = _Allocator(self, tag, lock, snap, result)
+        alloc = _Allocator(self, tag, lock, snap, result,
+                           self._segment_lifetime(snap, m.consumed_total))
 
         # 3: fill the list from the reserve, in chunks
         if snap.length < low_water or (force and snap.length < target):
             need = target - snap.length
+            rereads = 0
             while need > 0:
                 if not reserve:
                     reserve.append(alloc.allocate())
                 head = reserve[0]
                 n = min(s.chunk_size, need, head.size)
-                result.length = self.pool.push(tag, lock.token, head, n, self._now_ms())
+                try:
+                    result.length = self.pool.push(tag, lock.token, head, n, self._now_ms())
+                except StaleWrite as exc:
+                    # a client took IDs from the reserve head (policy "reserve") while the
+                    # list was empty: read the reserve again and go on from its new head
+                    if exc.code != scripts.HEAD_MOVED or rereads >= MAX_HEAD_REREADS:
+                        raise
+                    rereads += 1
+                    reserve = self.pool.snapshot(tag).reserve
+                    continue
                 result.pushed += n
                 need -= n
                 reserve[0] = Range(head.start + n, head.end)
                 if reserve[0].size == 0:
                     reserve.pop(0)
                 lock.keep()
+            if rereads:
+                log.info("%s: reserve head moved by clients %d times during the refill",
+                         tag, rereads)
 
         # 4: top up the reserve
         while (sum(r.size for r in reserve) < reserve_target
@@ -207,30 +227,63 @@ class SegmentRefiller(Refiller):
 
         return result
 
+    def _segment_lifetime(self, snap: Snapshot, consumed_total: int) -> float | None:
+        """How long the last consumed segment lasted, in seconds (Leaf's rule input), or
+        None when no whole segment was consumed since the step last changed.
+
+        A segment counts as consumed when clients took ``step`` IDs since the last mark;
+        its lifetime is the time that took (scaled to exactly one step). The measurement
+        stays pending in state until an allocation uses it.
+        """
+        step = snap.int("step")
+        if step <= 0:
+            return None
+        now_ms = self._now_ms()
+        mark_consumed = snap.int("seg_mark_consumed")
+        mark_ms = snap.int("seg_mark_ms") or snap.int("created_ms") or now_ms
+        since = consumed_total - mark_consumed
+        if since < step:
+            pending = snap.state.get("segment_lasted_s")
+            return float(pending) if pending else None
+        lasted = max(0.0, (now_ms - mark_ms) / 1000) * step / since
+        self.pool.record(snap.tag, seg_mark_consumed=consumed_total, seg_mark_ms=now_ms,
+                         segment_lasted_s=f"{lasted:.3f}")
+        return lasted
+
+
+def pool_floor(snap: Snapshot) -> int:
+    """The first ID the pool may still take from the database: above everything it
+    allocated (``max_id``, the reserve) and handed out (``hwm``)."""
+    hwm = snap.state.get("hwm")
+    ends = [snap.int("max_id"), int(hwm) + 1 if hwm else 0]
+    ends += [r.end for r in snap.reserve]
+    return max(ends)
+
 
 class _Allocator:
-    """Takes segments from the database for one refill, with the dynamic step."""
+    """Takes segments from the database for one refill, with the dynamic step: the first
+    allocation applies the last consumed segment's lifetime, later ones keep that step
+    (back-to-back allocations say nothing about how long a segment lasts)."""
 
     def __init__(self, refiller: SegmentRefiller, tag: str, lock: RefillLock,
-                 snap: Snapshot, result: RefillResult) -> None:
+                 snap: Snapshot, result: RefillResult, lasted: float | None) -> None:
         self.r = refiller
         self.tag = tag
         self.lock = lock
         self.step = snap.int("step")
-        self.segment_ms = snap.int("segment_ms") if "segment_ms" in snap.state else None
+        self.lasted = lasted
+        self.floor = pool_floor(snap)
         self.result = result
         self.count = 0
 
-    def _choose(self, table_step: int) -> int:
+    def _rule(self) -> StepRule:
         s = self.r.settings
-        lasted = None
-        if self.segment_ms is not None:
-            lasted = max(0.0, (self.r._now_ms() - self.segment_ms) / 1000)
-        return next_step(self.step, table_step, lasted, grow_below=s.step_grow_seconds,
-                         shrink_above=s.step_shrink_seconds, cap=s.max_step)
+        return StepRule(current=self.step, lasted_seconds=self.lasted,
+                        grow_below=s.step_grow_seconds, shrink_above=s.step_shrink_seconds,
+                        cap=s.max_step)
 
     def allocate(self) -> Range:
-        seg = self.r.store.allocate(self.tag, self._choose)
+        seg = self.r.store.allocate(self.tag, self._rule(), self.floor)
         now_ms = self.r._now_ms()
         rng = Range(seg.start, seg.end)
         # A refused append (lost lock) leaves a gap in the database counter: never a repeat.
@@ -239,8 +292,11 @@ class _Allocator:
             max_id=seg.end, segment_ms=now_ms, last_alloc_ms=f"{seg.took_ms:.2f}",
         )
         self.r.pool.count(self.tag, "allocations")
+        if self.lasted is not None:  # this measurement is used up
+            self.r.pool.record(self.tag, segment_lasted_s="")
+            self.lasted = None
         self.step = seg.step
-        self.segment_ms = now_ms
+        self.floor = seg.end
         self.count += 1
         self.result.step = seg.step
         self.result.segments.append(rng.encode())

@@ -1,7 +1,11 @@
 """Beat-driven housekeeping, as plain functions the Celery tasks call.
 
 - :func:`sync_tags` (Leaf: every 60 s): tags in ``leaf_alloc`` become pool tags; segment
-  tags gone from the table stop being refilled and their keys go away.
+  tags gone from the table stop being refilled, their mark is kept in the database
+  (``leafpool_retired_tag``: a tag re-created under that name never repeats an ID) and
+  their keys go away. The pool's tags are read *before* the database, so a tag added
+  between the two reads is never taken for a removed one, and a tag is dropped only while
+  its state is the one read (a tag removed and added again meanwhile is kept).
 - :func:`sweep` (every second): which tags need a refill now: below their low-water
   mark, never filled, or found empty by a client. A short-lived ``queued`` marker per tag
   keeps the sweep from queueing the same refill twice.
@@ -15,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from leafpool.pool import Pool
+from leafpool.refill import pool_floor
 from leafpool.store import SegmentStore
 
 log = logging.getLogger(__name__)
@@ -35,13 +40,16 @@ def sync_tags(
 ) -> SyncResult:
     """Make the pool's tags match the database: segment tags ``leaf_alloc``, snowflake
     tags ``leafpool_snowflake_tag``."""
+    # Redis first: a tag added after this read is not in ``known`` and cannot be dropped;
+    # one added before it is in the database read that follows (adds write the database
+    # first, then Redis).
+    known = pool.tags()
+    snaps = {s.tag: s for s in pool.snapshots(known)}
     rows = store.list_tags()  # raises BackendUnavailable: then nothing is removed
     snowflakes = set(store.list_snowflake_tags())
     in_db = {r.tag: r for r in rows}
     now_ms = int(clock() * 1000)
     result = SyncResult(total=len(in_db) + len(snowflakes))
-    known = pool.tags()
-    snaps = {s.tag: s for s in pool.snapshots(known)}
     for tag, row in in_db.items():
         snap = snaps.get(tag)
         if snap is None or not snap.known:
@@ -57,12 +65,19 @@ def sync_tags(
             result.added.append(tag)
             log.info("%s: snowflake tag registered", tag)
     for tag in known:
-        mode = snaps[tag].state.get("mode", "segment")
+        snap = snaps[tag]
+        mode = snap.state.get("mode", "segment")
         gone = tag not in in_db if mode == "segment" else tag not in snowflakes
-        if gone:
-            pool.drop(tag)
+        if not gone:
+            continue
+        if mode == "segment" and pool_floor(snap) > 0:
+            kept = store.retire(tag, pool_floor(snap))
+            log.info("%s: removed segment tag's mark %d kept in the database", tag, kept)
+        if pool.drop(tag, if_created_ms=snap.state.get("created_ms", "")):
             result.removed.append(tag)
             log.info("%s: %s tag gone from the database, pool removed", tag, mode)
+        else:
+            log.info("%s: tag re-created during the sync, pool kept", tag)
     return result
 
 

@@ -56,6 +56,7 @@ def test_schema_tags_refill_status_and_pop(cli: Run, database_url: str) -> None:
     (["tag", "add", "a:b", "--step", "10"], "allowed characters"),
     (["tag", "add", "ok", "--step", "0"], "step=0 is not valid"),
     (["tag", "add", "ok", "--step", "1000001"], "step=1000001 is not valid"),
+    (["tag", "add", "ok", "--step", "10", "--start", "0"], "start=0 is not valid: an integer >= 1"),
     (["tag", "add", "ok"], "step=None is not valid: required for segment tags"),
     (["tag", "add", "ok", "--mode", "uuid"], "mode='uuid' is not valid"),
     (["tag", "add", "ok", "--mode", "snowflake", "--step", "5"], "not used by snowflake"),
@@ -70,6 +71,27 @@ def test_bad_input_exits_2_with_the_field_and_writes_nothing(
     assert result.returncode == 2
     assert needle in " ".join(result.stderr.split())
     assert SegmentStore.from_url(database_url).list_tags() == []
+
+
+def test_a_tag_removed_and_added_again_never_repeats_an_id(cli: Run) -> None:
+    """The issue's exact steps: it once served 1 2 3 a second time."""
+    cli("db", "init")
+
+    def add_refill_pop(*extra: str) -> list[str]:
+        added = cli("tag", "add", "pay", "--step", "10", *extra)
+        assert added.returncode == 0, added.stderr
+        assert cli("refill", "pay").returncode == 0
+        return cli("pop", "pay", "-n", "3").stdout.split()
+
+    first = add_refill_pop()
+    assert first == ["1", "2", "3"]
+    removed = cli("tag", "remove", "pay")
+    assert removed.returncode == 0 and "retired" in removed.stdout
+    refused = cli("tag", "add", "pay", "--step", "10", "--start", "1")
+    assert refused.returncode == 2
+    assert "start=1 is not valid: at least" in " ".join(refused.stderr.split())
+    again = add_refill_pop()
+    assert int(again[0]) > 3 and not set(again) & set(first)
 
 
 def test_a_malformed_environment_variable_exits_2(cli: Run) -> None:

@@ -148,3 +148,42 @@ def test_an_unreachable_redis_is_backend_unavailable(
         client.next_id("order")
     with pytest.raises(BackendUnavailable, match="redis: order: LPOP"):
         client.next_ids("order", 10)
+
+
+def _take_calls(r: redis.Redis) -> int:
+    stats = r.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
+
+
+def test_a_reserve_take_that_cannot_succeed_is_not_retried(
+    pool: Pool, settings: Settings, r: redis.Redis
+) -> None:
+    """A refusal no retry can change (here: the head is not above the high-water mark)
+    ends the take at once; the client waits for the refill and raises PoolEmpty."""
+    _fill(pool, "order", None, Range(1, 100))
+    r.hset("leafpool:{order}:state", "hwm", "500")
+    client = Client(settings=settings, policy="reserve", wait_seconds=0.05)
+    client.redis.ping()
+    r.config_resetstat()
+    with pytest.raises(PoolEmpty):
+        client.next_id("order")
+    assert _take_calls(r) <= 2  # one take (EVALSHA, once more after loading the script)
+    assert r.lindex("leafpool:{order}:reserve", 0) == b"1:100"
+
+
+def test_async_reserve_take_that_cannot_succeed_is_not_retried(
+    pool: Pool, settings: Settings, r: redis.Redis
+) -> None:
+    _fill(pool, "order", None, Range(1, 100))
+    r.hset("leafpool:{order}:state", "hwm", "500")
+
+    async def main() -> None:
+        client = AsyncClient(settings=settings, policy="reserve", wait_seconds=0.05)
+        await client.redis.ping()
+        r.config_resetstat()
+        with pytest.raises(PoolEmpty):
+            await client.next_id("order")
+        await client.aclose()
+
+    asyncio.run(main())
+    assert _take_calls(r) <= 2

@@ -6,9 +6,10 @@ from collections.abc import Callable
 
 import pytest
 import redis
+from sqlalchemy import text
 
 from leafpool.config import MAX_ID, Settings
-from leafpool.errors import BackendUnavailable, SegmentExhausted, UnknownTag
+from leafpool.errors import BackendUnavailable, CounterBehind, SegmentExhausted, UnknownTag
 from leafpool.lock import RefillLock
 from leafpool.pool import Pool
 from leafpool.refill import SegmentRefiller
@@ -74,40 +75,41 @@ def test_consumption_raises_the_target(
     assert refiller.pool.snapshot("order").float("rate") == pytest.approx(2000)
 
 
-def test_step_doubles_while_segments_last_under_the_grow_time(
-    refiller: SegmentRefiller, store: SegmentStore, r: redis.Redis, clock: FakeClock
-) -> None:
-    store.add_tag("order", step=1000)
-    refiller.refill("order")
-    steps = [int(s.split(":")[1]) - int(s.split(":")[0])
-             for s in r.lrange("leafpool:{order}:reserve", 0, -1)
-             for s in [s.decode()]]
-    assert refiller.pool.snapshot("order").int("step") >= 2000
-    assert steps == sorted(steps)
-
-
 def _sizes(segments: list[str]) -> list[int]:
     return [int(b) - int(a) for a, b in (seg.split(":") for seg in segments)]
 
 
-def test_step_keeps_then_halves_by_segment_age_but_not_below_the_table_step(
+def test_a_new_tags_first_refill_takes_every_segment_at_the_table_step(
+    refiller: SegmentRefiller, store: SegmentStore
+) -> None:
+    # back-to-back allocations inside one refill say nothing about how long a segment
+    # lasts: no doubling (it once allocated 1,000 + 2,000 + 4,000 for a 2,000-ID pool)
+    store.add_tag("order", step=1000)
+    result = refiller.refill("order")
+    assert _sizes(result.segments) == [1000] * 4  # 2,000 in the list + 2,000 reserved
+    assert store.get_tag("order").max_id == 4001
+
+
+def test_step_follows_how_long_each_consumed_segment_lasted(
     pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings], clock: FakeClock
 ) -> None:
     settings = make_settings(pool_floor=10, pool_ceiling=10, chunk_size=10, reserve_seconds=1,
                              step_grow_seconds=60, step_shrink_seconds=120)
     refiller = SegmentRefiller(pool, store, settings, clock=clock)
     store.add_tag("order", step=10)
-    # the first segment takes the table step; the next one, a moment later, doubles
-    assert _sizes(refiller.refill("order").segments) == [10, 20]
+    assert _sizes(refiller.refill("order").segments) == [10, 10]
 
-    def drain_and_refill(seconds: float) -> list[int]:
-        pool.redis.delete("leafpool:{order}:ids", "leafpool:{order}:reserve")
+    def consume_all_over(seconds: float) -> list[int]:
+        pool.redis.delete("leafpool:{order}:ids")  # every ready ID taken
         clock.advance(seconds)
         return _sizes(refiller.refill("order").segments)
 
-    assert drain_and_refill(90) == [20]  # lasted 60-120 s: keep (half of it stays reserved)
-    assert drain_and_refill(500)[0] == 10  # lasted over 120 s: halve
-    assert drain_and_refill(500)[0] == 10  # never below the table's step
+    assert consume_all_over(30) == [20]  # a 10-ID segment lasted 30 s (< 60): double
+    assert consume_all_over(30) == []  # half a 20-ID segment consumed: nothing to judge
+    assert consume_all_over(30) == [20]  # the 20-ID segment lasted 60 s: keep
+    assert consume_all_over(200) == []
+    assert consume_all_over(200) == [10]  # lasted 400 s (> 120): halve
+    assert consume_all_over(500) == [10]  # never below the table's step
 
 
 def test_a_held_lock_skips_the_refill(refiller: SegmentRefiller, store: SegmentStore) -> None:
@@ -164,3 +166,52 @@ def test_database_down_keeps_serving_from_the_reserve(
     good.refill("order")
     popped = [int(x) for x in r.lpop("leafpool:{order}:ids", 10_000)]
     assert popped[0] > served[-1] and popped == list(range(popped[0], popped[0] + 1000))
+
+
+def test_a_client_taking_from_the_reserve_does_not_break_the_refill(
+    refiller: SegmentRefiller, store: SegmentStore, r: redis.Redis,
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Policy "reserve": a client's take moves the reserve head under a running refill;
+    the refill reads the head again and carries on, and records no failure."""
+    from leafpool.client import Client
+
+    store.add_tag("order", step=1000)
+    refiller.refill("order")
+    r.delete("leafpool:{order}:ids")  # the list ran dry; the reserve starts at 2001
+    client = Client(r, settings=make_settings(), policy="reserve", wait_seconds=0)
+    taken: list[int] = []
+    push = refiller.pool.push
+
+    def client_takes_first(*args: object, **kwargs: object) -> int:
+        if not taken:
+            taken.extend(client.next_ids("order", 5))
+        return push(*args, **kwargs)  # type: ignore[arg-type]
+
+    refiller.pool.push = client_takes_first  # type: ignore[method-assign]
+    result = refiller.refill("order")
+    assert taken == [2001, 2002, 2003, 2004, 2005]
+    assert result.pushed == result.target and ids(r, "order")[0] == 2006
+    snap = refiller.pool.snapshot("order")
+    assert snap.int("refill_failures") == 0 and snap.state["last_refill_result"].startswith("ok")
+
+
+def test_a_counter_that_went_back_under_live_keys_is_refused_without_advancing(
+    refiller: SegmentRefiller, store: SegmentStore, r: redis.Redis
+) -> None:
+    """A leaf_alloc row deleted and inserted again lower while the pool's keys still
+    exist: every refill is refused at once, the database is not advanced, and status
+    says why."""
+    store.add_tag("pay", step=1000)
+    refiller.refill("pay")
+    with store.engine.begin() as conn:
+        conn.execute(text("DELETE FROM leaf_alloc WHERE biz_tag = 'pay'"))
+        conn.execute(text("INSERT INTO leaf_alloc(biz_tag, max_id, step) VALUES ('pay', 1, 1000)"))
+    r.delete("leafpool:{pay}:ids", "leafpool:{pay}:reserve")
+    for _ in range(2):
+        with pytest.raises(CounterBehind, match="max_id=1 is below 4001"):
+            refiller.refill("pay")
+    assert store.get_tag("pay").max_id == 1
+    snap = refiller.pool.snapshot("pay")
+    assert snap.length == 0 and snap.int("refill_failures") == 2
+    assert "SET max_id = 4001" in snap.state["last_error"]

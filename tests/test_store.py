@@ -130,11 +130,11 @@ def test_an_unreachable_database_is_backend_unavailable() -> None:
 
 
 def test_ids_start_at_one(store: SegmentStore) -> None:
-    with pytest.raises(InvalidArgument, match="start=0 .* >= 1"):
+    with pytest.raises(InvalidArgument, match=r"start=0 .* >= 1"):
         store.add_tag("pay", step=10, start=0)
     with store.engine.begin() as conn:  # a Leaf user's hand-inserted row
         conn.execute(text("INSERT INTO leaf_alloc(biz_tag, max_id, step) VALUES ('pay', 0, 10)"))
-    with pytest.raises(CounterBehind, match="max_id=0 is below 1,.*IDs start at 1"):
+    with pytest.raises(CounterBehind, match=r"max_id=0 is below 1,.*IDs start at 1"):
         store.allocate("pay")
     assert store.get_tag("pay").max_id == 0  # nothing allocated
 
@@ -145,7 +145,7 @@ def test_a_removed_tag_added_again_continues_above_what_it_handed_out(
     store.add_tag("pay", step=10)
     assert store.allocate("pay").end == 11
     assert store.remove_tag("pay") == 11
-    with pytest.raises(InvalidArgument, match="start=1 .*at least 11"):
+    with pytest.raises(InvalidArgument, match=r"start=1 .*at least 11"):
         store.add_tag("pay", step=10, start=1)
     assert store.add_tag("pay", step=10).max_id == 11  # no --start: continues
     assert store.allocate("pay").start == 11
@@ -157,7 +157,7 @@ def test_a_hand_inserted_row_below_a_retired_mark_is_refused(store: SegmentStore
     store.remove_tag("pay", pool_mark=15)  # the pool's mark is kept when it is higher
     with store.engine.begin() as conn:
         conn.execute(text("INSERT INTO leaf_alloc(biz_tag, max_id, step) VALUES ('pay', 1, 10)"))
-    with pytest.raises(CounterBehind, match="max_id=1 is below 15,.*SET max_id = 15"):
+    with pytest.raises(CounterBehind, match=r"max_id=1 is below 15,.*SET max_id = 15"):
         store.allocate("pay")
     assert store.get_tag("pay").max_id == 1
     with store.engine.begin() as conn:

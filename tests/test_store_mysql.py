@@ -56,7 +56,7 @@ def test_one_name_cannot_be_added_in_both_modes_at_once(mysql_url: str, first_mo
         try:
             add()
             outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+        except BaseException as exc:  # handed to the test thread
             outcome.append(exc)
 
     thread = threading.Thread(target=run)

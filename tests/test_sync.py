@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import redis
 from sqlalchemy import text
 
-from leafpool.errors import TagExists
+from leafpool.config import Settings
+from leafpool.errors import CounterBehind, TagExists
 from leafpool.pool import Pool
-from leafpool.store import SegmentStore
+from leafpool.refill import SegmentRefiller, pool_floor
+from leafpool.store import SegmentStore, TagRow
 from leafpool.sync import sweep, sync_tags
 
 
@@ -83,3 +87,69 @@ def test_sweep_skips_a_tag_being_refilled(pool: Pool, r: redis.Redis) -> None:
     pool.register("busy", "segment", 0)
     r.set("leafpool:{busy}:lock", "token")
     assert sweep(pool, 30) == []
+
+
+def test_a_tag_added_between_the_syncs_reads_is_not_dropped(
+    pool: Pool, store: SegmentStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_list = store.list_tags
+
+    def list_then_add() -> list[TagRow]:
+        rows = real_list()
+        if not pool.is_known("late"):  # `leafpool tag add late`: database, then Redis
+            store.add_tag("late", step=10)
+            pool.register("late", "segment", 1, table_step=10)
+        return rows
+
+    monkeypatch.setattr(store, "list_tags", list_then_add)
+    assert sync_tags(pool, store).removed == []
+    assert pool.is_known("late")
+
+
+def test_a_tag_removed_and_added_again_during_the_sync_is_kept(
+    pool: Pool, store: SegmentStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.add_tag("pay", step=10)
+    pool.register("pay", "segment", 1, table_step=10)
+    real_list = store.list_tags
+
+    def remove_list_add() -> list[TagRow]:
+        store.remove_tag("pay")  # `leafpool tag remove pay` ...
+        pool.drop("pay")
+        rows = real_list()  # ... seen by the sync's database read ...
+        store.add_tag("pay", step=10)  # ... then `leafpool tag add pay` at once
+        pool.register("pay", "segment", 2, table_step=10)
+        return rows
+
+    monkeypatch.setattr(store, "list_tags", remove_list_add)
+    assert sync_tags(pool, store).removed == []
+    assert pool.is_known("pay") and pool.snapshot("pay").state["created_ms"] == "2"
+
+
+def test_a_row_deleted_by_hand_keeps_its_mark_for_a_row_inserted_again(
+    pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings], r: redis.Redis
+) -> None:
+    """Deleted with SQL, the sync drops the keys; inserted again with a lower max_id, the
+    tag refuses to repeat IDs until the counter is moved above what it handed out."""
+    refiller = SegmentRefiller(pool, store, make_settings(pool_floor=20, pool_ceiling=20))
+    store.add_tag("pay", step=10)
+    sync_tags(pool, store)
+    refiller.refill("pay")
+    handed_out = [int(x) for x in r.lpop("leafpool:{pay}:ids", 3)]  # type: ignore[union-attr]
+    assert handed_out == [1, 2, 3]
+    mark = pool_floor(pool.snapshot("pay"))
+    with store.engine.begin() as conn:
+        conn.execute(text("DELETE FROM leaf_alloc WHERE biz_tag = 'pay'"))
+    assert sync_tags(pool, store).removed == ["pay"]
+    assert store.retired_mark("pay") == mark
+    with store.engine.begin() as conn:
+        conn.execute(text("INSERT INTO leaf_alloc(biz_tag, max_id, step) VALUES ('pay', 1, 10)"))
+    assert sync_tags(pool, store).added == ["pay"]
+    with pytest.raises(CounterBehind, match=f"below {mark},"):
+        refiller.refill("pay")
+    assert store.get_tag("pay").max_id == 1 and r.llen("leafpool:{pay}:ids") == 0
+    assert "UPDATE leaf_alloc" in pool.snapshot("pay").state["last_error"]
+    with store.engine.begin() as conn:
+        conn.execute(text(f"UPDATE leaf_alloc SET max_id = {mark} WHERE biz_tag = 'pay'"))
+    refiller.refill("pay")
+    assert int(r.lpop("leafpool:{pay}:ids")) == mark  # type: ignore[arg-type]
