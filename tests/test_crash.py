@@ -129,3 +129,60 @@ def test_redis_killed_under_load_with_the_shipped_config_repeats_nothing(
         assert_unique_and_ordered(per_client)
     finally:
         server.stop()
+
+
+def test_reserve_policy_clients_and_refillers_together_repeat_nothing_and_fail_no_refill(
+    sqlite_url: str, redis_url: str
+) -> None:
+    """4 clients taking from the reserve while 2 refillers push from it (it once gave 542
+    refill failures in 4 s): no ID twice, each client in order, no refill failure."""
+    import threading
+
+    from leafpool.client import Client
+
+    settings = load_settings(redis_url=redis_url, database_url=sqlite_url, pool_floor=50,
+                             pool_ceiling=50, chunk_size=10, reserve_seconds=1,
+                             empty_policy="reserve", empty_wait_seconds=2)
+    rt = Runtime(settings)
+    rt.store.init_schema()
+    rt.store.add_tag("order", step=200)
+    rt.refiller.refill("order")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def refill_loop() -> None:
+        own = Runtime(settings)
+        try:
+            while not stop.is_set():
+                own.refiller.refill("order", force=True)
+        except BaseException as exc:  # handed to the test thread
+            errors.append(exc)
+        finally:
+            own.close()
+
+    per_client: list[list[int]] = [[] for _ in range(4)]
+
+    def pop_loop(out: list[int]) -> None:
+        client = Client(settings=settings)
+        try:
+            for _ in range(400):
+                out.extend(client.next_ids("order", 7))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            client.close()
+
+    refillers = [threading.Thread(target=refill_loop) for _ in range(2)]
+    clients = [threading.Thread(target=pop_loop, args=(out,)) for out in per_client]
+    for t in refillers + clients:
+        t.start()
+    for t in clients:
+        t.join(120)
+    stop.set()
+    for t in refillers:
+        t.join(60)
+    assert not errors, errors
+    assert_unique_and_ordered(per_client)
+    snap = rt.pool.snapshot("order")
+    assert snap.int("refill_failures") == 0, snap.state.get("last_error")
+    rt.close()
