@@ -5,6 +5,23 @@ SQLite (``LEAFPOOL_HOME/leafpool.sqlite3``), a local redis-server started with t
 and beat (as the standard ``celery -A workers`` commands, in child processes), and,
 when installed, the HTTP service. A demo tag is registered and a few IDs are popped.
 Ctrl-C stops everything that was started here.
+
+No child outlives ``leafpool up``, whatever signals arrive:
+
+- SIGINT, SIGTERM and SIGHUP only *ask* for the stop (a flag, polled by the main thread;
+  no exception is raised from a signal handler), and any further signal while starting
+  or stopping is ignored: the stop runs once, to its end. It stops the worker, beat and
+  the HTTP service first (SIGTERM to each one's process group, which holds the worker's
+  pool processes, SIGKILL after ``STOP_SECONDS``), then redis-server (SIGTERM, so it
+  closes its append-only file, SIGKILL after ``REDIS_STOP_SECONDS``).
+- if ``leafpool up`` dies without stopping (SIGKILL, a crash), the kernel signals each
+  child (:mod:`leafpool.children`): redis-server gets SIGTERM (it shuts down cleanly on
+  its own), the worker, beat and the HTTP service get SIGKILL (a refill cut short is a
+  crash the refill protocol is built for; the worker's pool processes carry Celery's own
+  parent-death SIGKILL).
+
+Each child runs in its own session, so the terminal's Ctrl-C reaches only
+``leafpool up``, which stops the children in order.
 """
 
 from __future__ import annotations
@@ -22,10 +39,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from urllib.parse import urlparse
 
 import redis
 
+from leafpool.children import die_with_parent
 from leafpool.config import Settings, default_home
 from leafpool.errors import BackendUnavailable, TagExists
 from leafpool.runtime import Runtime
@@ -34,27 +53,89 @@ log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_CONF = ROOT / "ops" / "redis" / "redis.conf"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SECONDS = 15.0  # worker, beat, HTTP: SIGTERM, then SIGKILL to the process group
+REDIS_STOP_SECONDS = 30.0  # redis-server: SIGTERM (closes its AOF), then SIGKILL
+POLL_SECONDS = 0.1
+
+
+class Interrupted(Exception):
+    """A stop was asked for (SIGINT, SIGTERM or SIGHUP) while starting."""
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    keeps_data: bool  # redis-server: stopped last, and only with SIGTERM first
 
 
 @dataclass
 class Embedded:
     settings: Settings
     say: Callable[[str], None] = print
-    children: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    children: list[Child] = field(default_factory=list)
+    stop_requested: int = 0  # the first stop signal received, 0 for none
+    stopping: bool = False
 
     @property
     def home(self) -> Path:
         return default_home()
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    # -- signals ------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Only a flag: raising here (KeyboardInterrupt) could land anywhere, inside the
+        # stop too, and skip it. Later signals change nothing.
+        if not self.stop_requested:
+            self.stop_requested = signum
+
+    def install_signal_handlers(self) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
+
+    def check(self) -> None:
+        """Raise :class:`Interrupted` if a stop was asked for (while starting)."""
+        if self.stop_requested:
+            raise Interrupted(signal.Signals(self.stop_requested).name)
+
+    def pause(self, seconds: float) -> None:
+        """Sleep while starting, interrupted by a stop signal."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.check()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, POLL_SECONDS))
+
+    def wait_for_stop(self) -> None:
+        """Block until a stop signal arrives."""
+        while not self.stop_requested:
+            time.sleep(POLL_SECONDS)  # polling the flag the signal handler sets
+
+    # -- children -----------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str], keeps_data: bool = False) -> Child:
+        self.check()
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        # SIGTERM lets redis-server close its append-only file; the others are stateless
+        # or crash-safe, and SIGKILL cannot be ignored or delayed
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("leafpool up starts its children from the main thread only "
+                               "(their parent-death signal fires when the forking thread ends)")
+        lifeline = die_with_parent(signal.SIGTERM if keeps_data else signal.SIGKILL)
         with open(logs / f"{name}.log", "ab") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                    start_new_session=True)
-        self.children.append(proc)
+                                    start_new_session=True, preexec_fn=lifeline)
+        child = Child(name, proc, keeps_data)
+        self.children.append(child)
         self.say(f"  started {name} (pid {proc.pid}, log {logs / (name + '.log')})")
-        return proc
+        return child
+
+    def exited(self) -> list[Child]:
+        return [c for c in self.children if c.proc.poll() is not None]
 
     def ensure_redis(self) -> None:
         client = redis.Redis.from_url(self.settings.redis_url, socket_connect_timeout=1)
@@ -73,17 +154,22 @@ class Embedded:
                 "LEAFPOOL_REDIS_URL at a running Redis")
         data = self.home / "redis"
         data.mkdir(parents=True, exist_ok=True)
-        self._spawn("redis", [binary, str(REDIS_CONF), "--port", str(url.port or 6379),
-                              "--bind", "127.0.0.1", "--dir", str(data), "--daemonize", "no"])
+        server = self._spawn("redis", [binary, str(REDIS_CONF), "--port", str(url.port or 6379),
+                                       "--bind", "127.0.0.1", "--dir", str(data),
+                                       "--daemonize", "no"], keeps_data=True)
         deadline = time.monotonic() + 20
         while True:
             try:
                 client.ping()
                 return
             except redis.ConnectionError:
+                if server.proc.poll() is not None:
+                    raise BackendUnavailable(
+                        f"redis: redis-server exited with code {server.proc.returncode}; "
+                        f"see {self.home / 'logs' / 'redis.log'}") from None
                 if time.monotonic() > deadline:
                     raise BackendUnavailable("redis: started but not answering") from None
-                time.sleep(0.1)  # polling for the server to accept connections
+                self.pause(0.1)  # polling for the server to accept connections
 
     def start_celery(self) -> None:
         celery = [sys.executable, "-m", "celery", "-A", "workers"]
@@ -107,38 +193,71 @@ class Embedded:
         rt.pool.register(tag, "segment", now_ms, table_step=1000)
         rt.pool.register(flake, "snowflake", now_ms)
 
+    # -- stop ---------------------------------------------------------------------------
+
     def stop(self) -> None:
-        for proc in reversed(self.children):
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        for proc in reversed(self.children):
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        """Stop every child, once. Idempotent; signals arriving meanwhile only set the flag
+        (the handler never raises), so nothing can cut it short."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self.stop_requested = self.stop_requested or signal.SIGTERM
+        stateless = [c for c in reversed(self.children) if not c.keeps_data]
+        _terminate(stateless, STOP_SECONDS)
+        _terminate([c for c in self.children if c.keeps_data], REDIS_STOP_SECONDS)
+
+
+def _signal_group(child: Child, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.proc.pid, sig)
+
+
+def _terminate(children: list[Child], seconds: float) -> None:
+    """SIGTERM to each child's process group, wait up to ``seconds`` for all, SIGKILL to
+    the groups of those still running; finally SIGKILL to every group, for members left
+    after their leader exited (a worker's pool processes)."""
+    for child in children:
+        if child.proc.poll() is None:
+            _signal_group(child, signal.SIGTERM)
+    deadline = time.monotonic() + seconds
+    for child in children:
+        try:
+            child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("%s (pid %d) still running %.0f s after SIGTERM: SIGKILL", child.name,
+                        child.proc.pid, seconds)
+            _signal_group(child, signal.SIGKILL)
+            child.proc.wait()
+    for child in children:
+        _signal_group(child, signal.SIGKILL)
 
 
 @contextlib.contextmanager
 def embedded(settings: Settings, say: Callable[[str], None] = print) -> Iterator[Embedded]:
     env = Embedded(settings, say)
+    env.install_signal_handlers()
     try:
         yield env
+    except Interrupted as exc:
+        say(f"{exc} received while starting")
     finally:
         say("stopping ...")
         env.stop()
+        say("stopped")
 
 
 def up(settings: Settings, tag: str = "demo", say: Callable[[str], None] = print,
        forever: bool = True) -> list[int]:
-    """Bring up the embedded default, show IDs being served, wait for Ctrl-C."""
+    """Bring up the embedded default, show IDs being served, wait for Ctrl-C (or SIGTERM,
+    SIGHUP). Returns the first segment IDs served (none if stopped while starting)."""
     if not settings.database_url.startswith("sqlite"):
         say(f"  using LEAFPOOL_DATABASE_URL={settings.database_url}")
+    ids: list[int] = []
     with embedded(settings, say) as env:
         env.ensure_redis()
         rt = Runtime(settings)
         flake = f"{tag}.flake"
+        env.check()
         env.demo_tags(rt, tag, flake)
         env.start_celery()
         http = env.start_http()
@@ -148,11 +267,12 @@ def up(settings: Settings, tag: str = "demo", say: Callable[[str], None] = print
             if time.monotonic() > deadline:
                 raise BackendUnavailable(f"{tag}, {flake}: the pools were not filled within "
                                          f"60 s; see the logs under {env.home / 'logs'}")
-            exited = [p for p in env.children if p.poll() is not None]
+            exited = env.exited()
             if exited:
-                raise BackendUnavailable(f"a child process exited (pid {exited[0].pid}); "
-                                         f"see the logs under {env.home / 'logs'}")
-            time.sleep(0.2)  # polling for the first refill
+                raise BackendUnavailable(f"{exited[0].name} exited (pid {exited[0].proc.pid}, "
+                                         f"code {exited[0].proc.returncode}); see the logs "
+                                         f"under {env.home / 'logs'}")
+            env.pause(0.2)  # polling for the first refill
         from leafpool.client import Client
 
         client = Client(rt.redis, settings=settings)
@@ -168,16 +288,5 @@ def up(settings: Settings, tag: str = "demo", say: Callable[[str], None] = print
             say(f"  curl http://{settings.http_host}:{settings.http_port}/api/segment/get/{tag}")
         say("\nCtrl-C stops everything started here.")
         if forever:
-            wait_for_interrupt()
-        return ids
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def wait_for_interrupt() -> None:
-    """Block until Ctrl-C (SIGINT) or SIGTERM."""
-    signal.signal(signal.SIGTERM, _interrupt)
-    with contextlib.suppress(KeyboardInterrupt):
-        threading.Event().wait()
+            env.wait_for_stop()
+    return ids
