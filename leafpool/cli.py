@@ -20,6 +20,7 @@ from rich.table import Table
 
 from leafpool.config import get_settings
 from leafpool.errors import (
+    ConfigurationError,
     InvalidArgument,
     InvalidInput,
     LeafpoolError,
@@ -51,7 +52,7 @@ def reports_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (InvalidInput, UnknownTag, TagExists) as exc:
+        except (InvalidInput, ConfigurationError, UnknownTag, TagExists) as exc:
             err.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
             raise typer.Exit(2) from exc
         except LeafpoolError as exc:
@@ -299,7 +300,7 @@ def up(
 def main() -> None:
     try:
         get_settings()
-    except InvalidInput as exc:
+    except ConfigurationError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         sys.exit(2)
     app()

@@ -12,6 +12,20 @@ class LeafpoolError(Exception):
     """Root of every error leafpool raises on purpose."""
 
 
+class ConfigurationError(LeafpoolError):
+    """A setting (environment variable) is malformed or does not fit the deployment.
+
+    An operator's fault, not the caller's: it is never an :class:`InvalidInput` (the HTTP
+    service answers it 500 ``configuration``, the CLI exits 2). ``field`` is the variable,
+    ``value`` its value (secrets hidden), ``allowed`` what it may be."""
+
+    def __init__(self, field: str, value: object, allowed: str) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field}={value!r} is not valid: {allowed}")
+
+
 class InvalidInput(LeafpoolError):
     """Bad input. The message names the field, the value, and what is allowed; nothing
     was written."""
@@ -21,10 +35,6 @@ class InvalidInput(LeafpoolError):
         self.value = value
         self.allowed = allowed
         super().__init__(f"{field}={value!r} is not valid: {allowed}")
-
-
-class ConfigurationError(InvalidInput):
-    """A setting (environment variable) is malformed."""
 
 
 class InvalidTag(InvalidInput):

@@ -14,8 +14,9 @@ Unlike Leaf (HTTP 500 for everything), expected conditions have their own codes 
 never a sentinel ID: 400 bad input (the message names the field, the value and what is
 allowed), 401/403 token refused, 404 unknown tag or a tag of the other mode, 503 pool
 still empty after ``LEAFPOOL_EMPTY_WAIT_SECONDS`` or Redis unreachable (with
-``Retry-After``). ID responses carry ``Cache-Control: no-store``: a cached ID is a
-duplicate ID.
+``Retry-After``), 500 ``configuration`` when the server is misconfigured (the operator's
+fault, never the client's: the message names the variable). ID responses carry
+``Cache-Control: no-store``: a cached ID is a duplicate ID.
 
 Decode: ``GET /decodeSnowflakeId?snowflakeId=N`` answers Leaf's JSON shape
 (``timestamp`` "ms(yyyy-MM-dd HH:mm:ss.SSS)" in the server's local time, ``workerId``,
@@ -46,7 +47,7 @@ from typing import TYPE_CHECKING
 
 import redis
 from prometheus_client import CONTENT_TYPE_LATEST
-from sqlalchemy import select, text
+from sqlalchemy import inspect, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -56,9 +57,10 @@ from starlette.routing import Route
 
 from leafpool import metrics
 from leafpool.client import MAX_BATCH, AsyncClient
-from leafpool.config import Settings, TokenPolicy, get_settings
+from leafpool.config import DATABASE_URL_ENV, Settings, TokenPolicy, get_settings, hide_password
 from leafpool.errors import (
     BackendUnavailable,
+    ConfigurationError,
     InvalidArgument,
     InvalidInput,
     LeafpoolError,
@@ -121,8 +123,18 @@ _throttle = _LogThrottle()
 
 
 def as_http_error(exc: LeafpoolError, retry_after: int) -> HttpError:
-    """Map the library's error tree to status codes (never 500 for these)."""
+    """Map the library's error tree to status codes: the client's fault is 4xx, a server
+    fault 5xx. A misconfigured server is 500 ``configuration`` (not 503: retrying does not
+    help until an operator fixes the setting), logged for the operator; the body names the
+    variable and what it may be, so whoever reads the client's log can pass it on."""
     retry = {"Retry-After": str(retry_after)}
+    if isinstance(exc, ConfigurationError):
+        if _throttle.ready(f"configuration:{exc.field}"):
+            log.error("%s: server misconfigured, answering 500 until it is fixed: %s",
+                      exc.field, exc)
+        return HttpError(500, "configuration",
+                         f"server misconfigured (not the request's fault; tell the "
+                         f"operator): {exc}", field=exc.field, allowed=exc.allowed)
     if isinstance(exc, InvalidInput):
         return HttpError(400, "invalid_input", str(exc), field=exc.field,
                          value=str(exc.value), allowed=exc.allowed)
@@ -263,12 +275,27 @@ class Service:
             with store.engine.connect() as conn:
                 rows = conn.execute(query).all()
         except SQLAlchemyError as exc:
+            if self._leaf_alloc_missing():
+                raise ConfigurationError(
+                    DATABASE_URL_ENV, hide_password(self.settings.database_url),
+                    "a database holding the leaf_alloc table; this one has none: run "
+                    "`leafpool db init` against it, or point the URL at the right database",
+                ) from exc
             raise BackendUnavailable(f"database: reading leaf_alloc failed: "
                                      f"{_first_line(exc)}") from exc
         return [{"biz_tag": r.biz_tag, "max_id": str(r.max_id), "step": int(r.step),
                  "description": r.description,
                  "update_time": r.update_time.isoformat(sep=" ") if r.update_time else None}
                 for r in rows]
+
+    def _leaf_alloc_missing(self) -> bool:
+        """True when the database answers and has no leaf_alloc table (an operator's
+        fault: wrong URL, or ``leafpool db init`` never run), False if it does not answer."""
+        try:
+            with self.runtime.store.engine.connect() as conn:
+                return not inspect(conn).has_table(leaf_alloc.name)
+        except SQLAlchemyError:
+            return False
 
     def database_ping(self) -> None:
         try:

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 import redis
+import typer
 
+from leafpool.cli import reports_errors
 from leafpool.config import MAX_BACKWARDS_MS, Settings, load_settings
-from leafpool.errors import ConfigurationError
+from leafpool.errors import ConfigurationError, InvalidInput, LeafpoolError
 from leafpool.snowflake import MAX_TIMESTAMP, wall_clock_ms
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,6 +161,24 @@ def test_parsed_forms_are_kept_with_the_settings(monkeypatch: pytest.MonkeyPatch
     assert load_settings(snowflake_local_map=" 7 ").local_map == 7
     empty = load_settings(snowflake_local_map="", http_tokens="")
     assert empty.local_map is None and not empty.token_policy.enabled
+
+
+def test_configuration_error_is_an_operator_fault_not_bad_input() -> None:
+    exc = ConfigurationError("LEAFPOOL_POOL_SECONDS", "inf", "a finite number")
+    assert isinstance(exc, LeafpoolError) and not isinstance(exc, InvalidInput)
+    assert (exc.field, exc.value, exc.allowed) == ("LEAFPOOL_POOL_SECONDS", "inf",
+                                                   "a finite number")
+    assert str(exc) == "LEAFPOOL_POOL_SECONDS='inf' is not valid: a finite number"
+
+
+def test_cli_exits_2_for_a_configuration_error_raised_inside_a_command() -> None:
+    @reports_errors
+    def command() -> None:
+        raise ConfigurationError("LEAFPOOL_SNOWFLAKE_LOCAL_MAP", "a=1", "has no entry for h:n:0")
+
+    with pytest.raises(typer.Exit) as info:
+        command()
+    assert info.value.exit_code == 2
 
 
 # -- entry points: the CLI and the Celery app refuse to start --------------------------------

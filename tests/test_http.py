@@ -13,9 +13,10 @@ import pytest
 import redis
 from starlette.testclient import TestClient
 
+import leafpool.http as http_service
 from leafpool.config import Settings, parse_tokens
-from leafpool.errors import ConfigurationError
-from leafpool.http import create_app
+from leafpool.errors import ConfigurationError, InvalidArgument
+from leafpool.http import as_http_error, create_app
 from leafpool.pool import Pool
 from leafpool.store import SegmentStore
 from tests.services import free_port
@@ -341,6 +342,38 @@ def test_db_with_the_database_down_is_503(
         assert c.get("/db").status_code == 503
         body = c.get("/db", params={"format": "json"}).json()
     assert body["error"] == "backend_unavailable" and body["message"].startswith("database:")
+
+
+# -- server faults are 5xx, the client's are 4xx --------------------------------------------
+
+def test_a_misconfigured_server_answers_500_configuration_not_400(
+    database_url: str, make_settings: Callable[..., Settings], r: redis.Redis,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A database without leaf_alloc (wrong URL, or ``leafpool db init`` never run) is the
+    operator's fault: 500 naming the variable, logged, no Retry-After (retrying is useless)."""
+    # the log line is throttled per process: start this test with a fresh throttle
+    monkeypatch.setattr(http_service, "_throttle", http_service._LogThrottle())
+    with TestClient(create_app(make_settings(database_url=database_url))) as c:
+        resp = c.get("/db", params={"format": "json"})
+        page = c.get("/db")
+    assert resp.status_code == 500
+    body = resp.json()
+    assert body["error"] == "configuration"
+    assert body["field"] == "LEAFPOOL_DATABASE_URL"
+    assert "leafpool db init" in body["message"] and "tell the operator" in body["message"]
+    assert "retry-after" not in resp.headers
+    assert page.status_code == 500 and "leafpool db init" in page.text
+    assert any(rec.levelname == "ERROR" and "LEAFPOOL_DATABASE_URL" in rec.getMessage()
+               for rec in caplog.records)
+
+
+def test_configuration_faults_map_to_500_and_bad_input_to_400() -> None:
+    fault = as_http_error(ConfigurationError("LEAFPOOL_SNOWFLAKE_EPOCH", 1, "in the past"), 1)
+    assert (fault.status, fault.kind) == (500, "configuration")
+    assert fault.extra["field"] == "LEAFPOOL_SNOWFLAKE_EPOCH"
+    bad = as_http_error(InvalidArgument("count", "0", "1 to 50"), 1)
+    assert (bad.status, bad.kind) == (400, "invalid_input")
 
 
 # -- health --------------------------------------------------------------------------------
