@@ -26,8 +26,8 @@ import redis.asyncio as aioredis
 from leafpool import scripts
 from leafpool.config import Settings, get_settings
 from leafpool.errors import InvalidArgument, PoolEmpty, UnknownTag
-from leafpool.keys import Keys
-from leafpool.pool import Pool, Range, redis_errors
+from leafpool.pool import Pool
+from leafpool.pool_async import AsyncPool
 from leafpool.redis_conn import connect, connect_async
 from leafpool.tags import validate_tag
 
@@ -63,26 +63,25 @@ def _check_policy(policy: str) -> Policy:
 
 
 class _Base:
-    """Key cache and settings shared by the two clients (no I/O here)."""
+    """Settings shared by the two clients (no I/O here)."""
 
-    def __init__(self, prefix: str, policy: str, wait_seconds: float) -> None:
-        self.keys = Keys(prefix)
+    def __init__(self, policy: str, wait_seconds: float) -> None:
         self.policy = _check_policy(policy)
         if wait_seconds < 0:
             raise InvalidArgument("wait_seconds", wait_seconds, "a number >= 0")
         self.wait_seconds = wait_seconds
-        self._ids_keys: dict[str, str] = {}
+        self._valid: set[str] = set()
 
-    def _ids_key(self, tag: str) -> str:
-        key = self._ids_keys.get(tag)
-        if key is None:
+    def _check(self, tag: str) -> str:
+        if tag not in self._valid:
             validate_tag(tag)
-            key = self._ids_keys[tag] = self.keys.tag(tag).ids
-        return key
+            self._valid.add(tag)
+        return tag
 
 
 class Client(_Base):
-    """Synchronous client. Thread-safe (redis-py's connection pool)."""
+    """Synchronous client. Thread-safe (redis-py's connection pool). Every Redis command
+    goes through :class:`~leafpool.pool.Pool`."""
 
     def __init__(
         self,
@@ -95,32 +94,22 @@ class Client(_Base):
     ) -> None:
         s = settings or get_settings()
         wait = s.empty_wait_seconds if wait_seconds is None else wait_seconds
-        super().__init__(s.key_prefix, policy or s.empty_policy, wait)
+        super().__init__(policy or s.empty_policy, wait)
         self.redis = redis_client or connect(s.redis_url, timeout=max(5.0, wait + 5.0))
-        self._pool = Pool(self.redis, s.key_prefix)
+        self.pool = Pool(self.redis, s.key_prefix)
+        self.keys = self.pool.keys
         self._monotonic = monotonic
 
     def next_id(self, tag: str) -> int:
-        key = self._ids_key(tag)
-        try:  # (not redis_errors(): the hot path saves its ~1 us)
-            raw = self.redis.lpop(key)
-        except redis.RedisError:
-            with redis_errors(f"{tag}: LPOP"):
-                raise
-        if raw is not None:
-            return int(raw)  # type: ignore[arg-type]
+        value = self.pool.pop(tag if tag in self._valid else self._check(tag))
+        if value is not None:
+            return value
         return self._on_empty(tag, 1, [])[0]
 
     def next_ids(self, tag: str, n: int) -> list[int]:
         """``n`` IDs in one round trip, strictly increasing."""
-        key = self._ids_key(tag)
-        _check_count(n)
-        try:
-            raw = self.redis.lpop(key, n)
-        except redis.RedisError:
-            with redis_errors(f"{tag}: LPOP"):
-                raise
-        got = list(map(int, raw)) if raw else []  # type: ignore[call-overload]
+        got = self.pool.pop_many(tag if tag in self._valid else self._check(tag),
+                                 _check_count(n))
         if len(got) == n:
             return got
         return self._on_empty(tag, n, got)
@@ -131,9 +120,9 @@ class Client(_Base):
     # -- empty pool ---------------------------------------------------------------------
 
     def _on_empty(self, tag: str, n: int, got: list[int]) -> list[int]:
-        if not self._pool.is_known(tag):
+        if not self.pool.is_known(tag):
             raise UnknownTag(tag)
-        self._pool.want(tag)
+        self.pool.want(tag)
         if self.policy == "raise":
             raise PoolEmpty(tag, partial=got)
         if self.policy == "reserve":
@@ -144,47 +133,40 @@ class Client(_Base):
 
     def _from_reserve(self, tag: str, n: int) -> list[int]:
         """Take up to ``n`` IDs from the reserve head while the list is empty."""
-        key = self._ids_keys[tag]
         out: list[int] = []
         for _ in range(MAX_TAKE_TRIES):  # each retry: another client or the refill moved on
             if len(out) == n:
                 break
-            head = self._pool.reserve_head(tag)
+            head = self.pool.reserve_head(tag)
             if head is None:
                 break
-            take = min(n - len(out), head.size)
-            code = self._pool.take_reserve(tag, head, take)
-            if code == 1:
-                out += range(head.start, head.start + take)
-            elif code == scripts.LIST_NOT_EMPTY:
-                with redis_errors(f"{tag}: LPOP"):
-                    raw = self.redis.lpop(key, n - len(out))
-                out += map(int, raw or [])  # type: ignore[call-overload]
-            elif not _retryable(tag, code):
+            taken = self.pool.take_reserve(tag, head, n - len(out))
+            if isinstance(taken, list):
+                out += taken
+            elif taken == scripts.LIST_NOT_EMPTY:
+                out += self.pool.pop_many(tag, n - len(out))
+            elif not _retryable(tag, taken):
                 break
         return out
 
     def _wait(self, tag: str, n: int, got: list[int]) -> list[int]:
-        key = self._ids_keys[tag]
         deadline = self._monotonic() + self.wait_seconds
         while len(got) < n:
             remaining = deadline - self._monotonic()
             if remaining <= 0:
                 raise PoolEmpty(tag, self.wait_seconds, partial=got)
-            with redis_errors(f"{tag}: BLPOP"):
-                popped = self.redis.blpop([key], timeout=max(remaining, 0.01))
-            if popped is None:
+            value = self.pool.wait_pop(tag, max(remaining, 0.01))
+            if value is None:
                 continue
-            got.append(int(popped[1]))  # type: ignore[arg-type]
+            got.append(value)
             if len(got) < n:
-                with redis_errors(f"{tag}: LPOP"):
-                    raw = self.redis.lpop(key, n - len(got))
-                got += map(int, raw or [])  # type: ignore[call-overload]
+                got += self.pool.pop_many(tag, n - len(got))
         return got
 
 
 class AsyncClient(_Base):
-    """asyncio client with the same behaviour as :class:`Client`."""
+    """asyncio client with the same behaviour as :class:`Client`, through
+    :class:`~leafpool.pool_async.AsyncPool`."""
 
     def __init__(
         self,
@@ -196,24 +178,20 @@ class AsyncClient(_Base):
     ) -> None:
         s = settings or get_settings()
         wait = s.empty_wait_seconds if wait_seconds is None else wait_seconds
-        super().__init__(s.key_prefix, policy or s.empty_policy, wait)
+        super().__init__(policy or s.empty_policy, wait)
         self.redis = redis_client or connect_async(s.redis_url, timeout=max(5.0, wait + 5.0))
-        self._take = self.redis.register_script(scripts.source("take_reserve"))
+        self.pool = AsyncPool(self.redis, s.key_prefix)
+        self.keys = self.pool.keys
 
     async def next_id(self, tag: str) -> int:
-        key = self._ids_key(tag)
-        with redis_errors(f"{tag}: LPOP"):
-            raw = await self.redis.lpop(key)
-        if raw is not None:
-            return int(raw)  # type: ignore[arg-type]
+        value = await self.pool.pop(tag if tag in self._valid else self._check(tag))
+        if value is not None:
+            return value
         return (await self._on_empty(tag, 1, []))[0]
 
     async def next_ids(self, tag: str, n: int) -> list[int]:
-        key = self._ids_key(tag)
-        _check_count(n)
-        with redis_errors(f"{tag}: LPOP"):
-            raw = await self.redis.lpop(key, n)
-        got = list(map(int, raw)) if raw else []
+        got = await self.pool.pop_many(tag if tag in self._valid else self._check(tag),
+                                       _check_count(n))
         if len(got) == n:
             return got
         return await self._on_empty(tag, n, got)
@@ -222,16 +200,9 @@ class AsyncClient(_Base):
         await self.redis.aclose()
 
     async def _on_empty(self, tag: str, n: int, got: list[int]) -> list[int]:
-        k = self.keys.tag(tag)
-        with redis_errors(f"{tag}: membership"):
-            known = await self.redis.sismember(self.keys.tags, tag)
-        if not known:
+        if not await self.pool.is_known(tag):
             raise UnknownTag(tag)
-        with redis_errors(f"{tag}: want"):
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.sadd(self.keys.wanted, tag)
-            pipe.hincrby(k.state, "empty_hits", 1)
-            await pipe.execute()
+        await self.pool.want(tag)
         if self.policy == "raise":
             raise PoolEmpty(tag, partial=got)
         if self.policy == "reserve":
@@ -241,45 +212,33 @@ class AsyncClient(_Base):
         return await self._wait(tag, n, got)
 
     async def _from_reserve(self, tag: str, n: int) -> list[int]:
-        k = self.keys.tag(tag)
         out: list[int] = []
         for _ in range(MAX_TAKE_TRIES):
             if len(out) == n:
                 break
-            with redis_errors(f"{tag}: reserve head"):
-                raw_head = await self.redis.lindex(k.reserve, 0)
-            if raw_head is None:
+            head = await self.pool.reserve_head(tag)
+            if head is None:
                 break
-            head = Range.decode(raw_head)
-            take = min(n - len(out), head.size)
-            with redis_errors(f"{tag}: take reserve"):
-                code = int(await self._take(keys=[k.ids, k.reserve, k.state],
-                                            args=head.take_args(take)))
-            if code == 1:
-                out += range(head.start, head.start + take)
-            elif code == scripts.LIST_NOT_EMPTY:
-                with redis_errors(f"{tag}: LPOP"):
-                    raw = await self.redis.lpop(k.ids, n - len(out))
-                out += map(int, raw or [])
-            elif not _retryable(tag, code):
+            taken = await self.pool.take_reserve(tag, head, n - len(out))
+            if isinstance(taken, list):
+                out += taken
+            elif taken == scripts.LIST_NOT_EMPTY:
+                out += await self.pool.pop_many(tag, n - len(out))
+            elif not _retryable(tag, taken):
                 break
         return out
 
     async def _wait(self, tag: str, n: int, got: list[int]) -> list[int]:
-        key = self._ids_keys[tag]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait_seconds
         while len(got) < n:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise PoolEmpty(tag, self.wait_seconds, partial=got)
-            with redis_errors(f"{tag}: BLPOP"):
-                popped = await self.redis.blpop([key], timeout=max(remaining, 0.01))
-            if popped is None:
+            value = await self.pool.wait_pop(tag, max(remaining, 0.01))
+            if value is None:
                 continue
-            got.append(int(popped[1]))
+            got.append(value)
             if len(got) < n:
-                with redis_errors(f"{tag}: LPOP"):
-                    raw = await self.redis.lpop(key, n - len(got))
-                got += map(int, raw or [])
+                got += await self.pool.pop_many(tag, n - len(got))
         return got

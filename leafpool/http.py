@@ -660,7 +660,7 @@ async def health(request: Request) -> Response:
     check_db = True
     try:
         check_db = await asyncio.wait_for(_redis_check(svc), HEALTH_TIMEOUT_SECONDS)
-    except TimeoutError:
+    except TimeoutError:  # asyncio.wait_for's; the builtin one since Python 3.11 (required)
         problems.append(f"redis: no answer within {HEALTH_TIMEOUT_SECONDS}s")
     except (LeafpoolError, redis.RedisError, OSError) as exc:
         problems.append(f"redis: {exc}")

@@ -12,7 +12,7 @@ from types import TracebackType
 import redis
 from redis.exceptions import LockError
 
-from leafpool.pool import redis_errors
+from leafpool.redis_conn import redis_errors
 
 
 class RefillLock:

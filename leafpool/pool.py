@@ -7,15 +7,16 @@ This module owns no policy: how much to push and when is :mod:`leafpool.refill`'
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
 from leafpool import scripts
-from leafpool.errors import BackendUnavailable, StaleWrite
+from leafpool.errors import StaleWrite
 from leafpool.keys import Keys, TagKeys
+from leafpool.redis_conn import redis_errors, wrap
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +78,6 @@ class Snapshot:
         return float(value) if value not in (None, "") else default
 
 
-@contextmanager
-def redis_errors(what: str) -> Iterator[None]:
-    """Wrap redis-py's connection errors at the boundary."""
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise BackendUnavailable(f"redis: {what}: {exc}") from exc
-    except redis.ResponseError as exc:
-        raise BackendUnavailable(f"redis: {what}: {exc}") from exc
-
-
 def _text(raw: object) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
@@ -96,19 +86,86 @@ def _decode_map(raw: Mapping[bytes, bytes]) -> dict[str, str]:
     return {_text(k): _text(v) for k, v in raw.items()}
 
 
+SNAPSHOT_REPLIES = 4
+
+
+def queue_snapshot(pipe: Any, k: TagKeys) -> None:
+    """Queue the commands of one snapshot on a pipeline (sync or asyncio)."""
+    pipe.llen(k.ids)
+    pipe.lrange(k.reserve, 0, -1)
+    pipe.hgetall(k.state)
+    pipe.exists(k.lock)
+
+
+def snapshot_from(tag: str, replies: Sequence[Any]) -> Snapshot:
+    """The :class:`Snapshot` read by :func:`queue_snapshot`'s commands."""
+    length, reserve, state, locked = replies
+    return Snapshot(tag, int(length), [Range.decode(r) for r in reserve], _decode_map(state),
+                    bool(locked))
+
+
+def queue_want(pipe: Any, keys: Keys, tag: str) -> None:
+    """Queue an empty-pool hit: ask the sweep for a refill and count it."""
+    pipe.sadd(keys.wanted, tag)
+    pipe.hincrby(keys.tag(tag).state, "empty_hits", 1)
+
+
+def register_scripts(client: Any) -> dict[str, Any]:
+    """The scripts registered on ``client`` (sync or asyncio), by name."""
+    return {name: client.register_script(scripts.source(name))
+            for name in ("push_ids", "append_reserve", "take_reserve", "push_fresh")}
+
+
+def take_result(tag: str, head: Range, count: int, code: int) -> list[int] | int:
+    """The IDs a take_reserve call gave (code 1), or its refusal code."""
+    return list(range(head.start, head.start + count)) if code == 1 else code
+
+
 class Pool:
     """Redis operations on the pools under one key prefix."""
 
     def __init__(self, client: redis.Redis, prefix: str = "leafpool") -> None:
         self.redis = client
         self.keys = Keys(prefix)
-        self._push = client.register_script(scripts.source("push_ids"))
-        self._append = client.register_script(scripts.source("append_reserve"))
-        self._take = client.register_script(scripts.source("take_reserve"))
-        self._fresh = client.register_script(scripts.source("push_fresh"))
+        registered = register_scripts(client)
+        self._push = registered["push_ids"]
+        self._append = registered["append_reserve"]
+        self._take = registered["take_reserve"]
+        self._fresh = registered["push_fresh"]
+        self._ids_keys: dict[str, str] = {}
 
     def tag(self, tag: str) -> TagKeys:
         return self.keys.tag(tag)
+
+    # -- the client's commands (the public LPOP, and waiting for a refill) ----------------
+
+    def pop(self, tag: str) -> int | None:
+        """``LPOP`` one ID (None when the list is empty): the hot path."""
+        key = self._ids_keys.get(tag) or self._ids_key(tag)
+        try:
+            raw = self.redis.lpop(key)
+        except redis.RedisError as exc:
+            raise wrap(exc, f"{tag}: LPOP") from exc
+        return None if raw is None else int(raw)  # type: ignore[arg-type]
+
+    def pop_many(self, tag: str, count: int) -> list[int]:
+        """``LPOP key count``: up to ``count`` IDs, in order."""
+        key = self._ids_keys.get(tag) or self._ids_key(tag)
+        try:
+            raw = self.redis.lpop(key, count)
+        except redis.RedisError as exc:
+            raise wrap(exc, f"{tag}: LPOP") from exc
+        return list(map(int, raw)) if raw else []  # type: ignore[call-overload]
+
+    def wait_pop(self, tag: str, timeout: float) -> int | None:
+        """``BLPOP`` one ID, waiting up to ``timeout`` seconds for a refill."""
+        with redis_errors(f"{tag}: BLPOP"):
+            popped = self.redis.blpop([self._ids_key(tag)], timeout=timeout)
+        return None if popped is None else int(popped[1])  # type: ignore[index]
+
+    def _ids_key(self, tag: str) -> str:
+        key = self._ids_keys[tag] = self.keys.tag(tag).ids
+        return key
 
     # -- registration -------------------------------------------------------------------
 
@@ -164,36 +221,20 @@ class Pool:
     # -- reads --------------------------------------------------------------------------
 
     def snapshot(self, tag: str) -> Snapshot:
-        k = self.tag(tag)
         with redis_errors(f"{tag}: snapshot"):
             pipe = self.redis.pipeline(transaction=True)
-            pipe.llen(k.ids)
-            pipe.lrange(k.reserve, 0, -1)
-            pipe.hgetall(k.state)
-            pipe.exists(k.lock)
-            length, reserve, state, locked = pipe.execute()
-        return Snapshot(
-            tag, int(length), [Range.decode(r) for r in reserve], _decode_map(state),
-            bool(locked),
-        )
+            queue_snapshot(pipe, self.tag(tag))
+            return snapshot_from(tag, pipe.execute())
 
     def snapshots(self, tags: Sequence[str]) -> list[Snapshot]:
         """Snapshots of many tags in one round trip (not one transaction)."""
         with redis_errors("snapshots"):
             pipe = self.redis.pipeline(transaction=False)
             for tag in tags:
-                k = self.tag(tag)
-                pipe.llen(k.ids)
-                pipe.lrange(k.reserve, 0, -1)
-                pipe.hgetall(k.state)
-                pipe.exists(k.lock)
+                queue_snapshot(pipe, self.tag(tag))
             raw = pipe.execute()
-        out = []
-        for i, tag in enumerate(tags):
-            length, reserve, state, locked = raw[4 * i : 4 * i + 4]
-            out.append(Snapshot(tag, int(length), [Range.decode(r) for r in reserve],
-                                _decode_map(state), bool(locked)))
-        return out
+        n = SNAPSHOT_REPLIES
+        return [snapshot_from(tag, raw[n * i : n * i + n]) for i, tag in enumerate(tags)]
 
     # -- state --------------------------------------------------------------------------
 
@@ -212,8 +253,7 @@ class Pool:
         """Record an empty-pool hit and ask the sweep for a refill of ``tag``."""
         with redis_errors(f"{tag}: want"):
             pipe = self.redis.pipeline(transaction=False)
-            pipe.sadd(self.keys.wanted, tag)
-            pipe.hincrby(self.tag(tag).state, "empty_hits", 1)
+            queue_want(pipe, self.keys, tag)
             pipe.execute()
 
     def take_wanted(self) -> list[str]:
@@ -280,14 +320,14 @@ class Pool:
                              f"{scripts.REFUSALS[result]}", code=result)
         return result
 
-    def take_reserve(self, tag: str, head: Range, count: int) -> int:
+    def take_reserve(self, tag: str, head: Range, count: int) -> list[int] | int:
         """Client path: take ``count`` IDs from the reserve head while the list is empty.
-        Returns 1 on success or the script's refusal code (nothing written)."""
+        Returns the IDs taken, or the script's refusal code (nothing written)."""
         k = self.tag(tag)
         count = min(count, head.size)
         with redis_errors(f"{tag}: take reserve"):
-            return int(self._take(keys=[k.ids, k.reserve, k.state],
-                                  args=head.take_args(count)))
+            code = int(self._take(keys=[k.ids, k.reserve, k.state], args=head.take_args(count)))
+        return take_result(tag, head, count, code)
 
     def reserve_head(self, tag: str) -> Range | None:
         with redis_errors(f"{tag}: reserve head"):

@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from leafpool.errors import ClockMovedBackwards, ConfigurationError, InvalidArgument
@@ -60,7 +60,7 @@ MS_PER_DAY = 86_400_000
 MS_PER_YEAR = 365.25 * MS_PER_DAY
 
 EPOCH_ENV = "LEAFPOOL_SNOWFLAKE_EPOCH"
-_UNIX = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_UNIX = datetime(1970, 1, 1, tzinfo=UTC)
 _SPINS_BEFORE_SLEEP = 1_000
 _SPIN_SLEEP_S = 0.0001
 

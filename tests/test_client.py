@@ -82,13 +82,13 @@ def test_wait_policy_gets_the_ids_a_refill_pushes(pool: Pool, settings: Settings
         assert deadline_ok
         _fill(pool, "order", Range(1, 11))
 
-    original_want = client._pool.want
+    original_want = client.pool.want
 
     def want(tag: str) -> None:
         original_want(tag)
         asked.set()
 
-    client._pool.want = want  # type: ignore[method-assign]
+    client.pool.want = want  # type: ignore[method-assign]
     thread = threading.Thread(target=refiller)
     thread.start()
     assert client.next_ids("order", 3) == [1, 2, 3]

@@ -5,8 +5,12 @@ token auth, Leaf's decode shape, health and metrics."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -19,6 +23,7 @@ from leafpool.errors import ConfigurationError, InvalidArgument
 from leafpool.http import as_http_error, create_app
 from leafpool.pool import Pool
 from leafpool.store import SegmentStore
+from tests import services
 from tests.services import free_port
 
 # Leaf's own example (LeafMonitorController.decodeSnowflakeId's comment)
@@ -400,6 +405,51 @@ def test_health_needs_the_database_only_when_a_segment_tag_exists(
         resp = c.get("/health")
     assert resp.status_code == 503
     assert resp.text.startswith("not ready: database:")
+
+
+def test_health_is_503_when_redis_does_not_answer_in_time(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """A Redis that accepts connections but never answers (SIGSTOP) makes the check time
+    out: 503 naming it, not a 500 from an uncaught timeout (Python 3.10's
+    asyncio.TimeoutError was not the builtin TimeoutError the handler catches)."""
+    server = services.redis_server()
+    assert server.proc is not None
+    try:
+        settings = make_settings(redis_url=server.extra["url"])
+        with TestClient(create_app(settings), raise_server_exceptions=False) as c:
+            up = c.get("/health")
+            assert (up.status_code, up.text) == (200, "ready\n")
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            try:
+                paused = c.get("/health")  # bounded by the check's own timeout
+            finally:
+                os.kill(server.proc.pid, signal.SIGCONT)
+            assert paused.status_code == 503
+            assert paused.text == (
+                f"not ready: redis: no answer within {http_service.HEALTH_TIMEOUT_SECONDS}s\n")
+            assert paused.headers["cache-control"] == "no-store"
+            # Redis answers again: so must the check (a new connection, bounded polling)
+            services.wait_until(lambda: c.get("/health").status_code == 200, 30,
+                                "health after SIGCONT")
+    finally:
+        server.stop()
+
+
+def test_declared_python_versions_are_the_tested_ones() -> None:
+    """pyproject declares only what is tested: the oldest declared Python is the one the
+    suite runs on (``./dev test`` and CI use Debian's python3, 3.11; PyPI has no
+    interpreters), and ruff and mypy target it too."""
+    project = tomllib.loads((services.ROOT / "pyproject.toml").read_text())
+    declared = project["project"]["requires-python"]
+    assert declared.startswith(">="), declared
+    oldest = declared.removeprefix(">=")
+    running = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert running == oldest, (
+        f"the suite runs on Python {running} but pyproject allows >= {oldest}: test "
+        f"{oldest} too, or declare >= {running}")
+    assert project["tool"]["ruff"]["target-version"] == "py" + oldest.replace(".", "")
+    assert project["tool"]["mypy"]["python_version"] == oldest
 
 
 # -- metrics -------------------------------------------------------------------------------

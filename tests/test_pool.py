@@ -108,7 +108,7 @@ def test_the_high_water_comparison_is_numeric_not_lexical(pool: Pool) -> None:
 def test_take_reserve_only_while_the_list_is_empty(pool: Pool, r: redis.Redis) -> None:
     lock = _locked(pool, "t")
     _seed(pool, "t", lock, Range(1, 11))
-    assert pool.take_reserve("t", Range(1, 11), 3) == 1
+    assert pool.take_reserve("t", Range(1, 11), 3) == [1, 2, 3]
     assert pool.snapshot("t").state["hwm"] == "3"
     assert pool.take_reserve("t", Range(1, 11), 3) == scripts.HEAD_MOVED
     pool.push("t", lock.token, Range(4, 11), 2, 0)
