@@ -67,7 +67,8 @@ from leafpool.errors import (
     PoolEmpty,
     UnknownTag,
 )
-from leafpool.pool import Snapshot, redis_errors
+from leafpool.pool import Snapshot
+from leafpool.redis_conn import redis_errors
 from leafpool.runtime import Runtime
 from leafpool.status import TagStatus, age, tag_status
 from leafpool.store import leaf_alloc
