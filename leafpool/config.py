@@ -9,9 +9,10 @@ What is checked here, beyond the types:
 - every float is finite (no ``inf``/``nan``) and every duration has an upper bound: a
   huge value overflows a timestamp (``time.time() + wait``), a ``timedelta`` or a Redis
   expiry, or blocks a thread for hours;
-- ``LEAFPOOL_SNOWFLAKE_MAX_BACKWARDS_MS`` is at most 1,000: the generator waits out a
-  small clock step back by sleeping twice the offset *while holding its lock*, so every
-  thread generating with that worker ID stalls for that long; a larger step is refused
+- ``LEAFPOOL_SNOWFLAKE_MAX_BACKWARDS_MS`` is at most 1,000
+  (:data:`leafpool.snowflake.MAX_BACKWARDS_MS`): the generator waits out a small clock
+  step back by sleeping twice the offset *while holding its lock*, so every thread
+  generating with that worker ID stalls for that long; a larger step is refused
   (:class:`~leafpool.errors.ClockMovedBackwards`, the refill is retried) instead;
 - ``LEAFPOOL_SNOWFLAKE_EPOCH`` is not in the future and its 41 time bits are not used up;
 - ``LEAFPOOL_SNOWFLAKE_LOCAL_MAP`` and ``LEAFPOOL_HTTP_TOKENS`` parse; their parsed forms
@@ -42,7 +43,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from leafpool.errors import ConfigurationError, InvalidInput
-from leafpool.snowflake import MAX_WORKER_ID, validate_epoch, wall_clock_ms
+from leafpool.snowflake import MAX_BACKWARDS_MS, MAX_WORKER_ID, validate_epoch, wall_clock_ms
 from leafpool.tags import validate_tag
 
 MAX_STEP = 1_000_000
@@ -50,9 +51,6 @@ MAX_ID = 2**63 - 1
 MINUTE = 60.0
 HOUR = 3_600.0
 DAY = 86_400.0
-#: the longest clock step back a snowflake generator waits out (it sleeps twice this
-#: while holding its lock); see the module docstring
-MAX_BACKWARDS_MS = 1_000
 
 LOCAL_MAP_ENV = "LEAFPOOL_SNOWFLAKE_LOCAL_MAP"
 TOKENS_ENV = "LEAFPOOL_HTTP_TOKENS"

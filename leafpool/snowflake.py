@@ -59,6 +59,12 @@ MAX_ID = (1 << 63) - 1
 MS_PER_DAY = 86_400_000
 MS_PER_YEAR = 365.25 * MS_PER_DAY
 
+#: the largest clock step back a generator waits out: it sleeps twice the step while
+#: holding its lock, stalling every thread that generates with this worker ID, so the
+#: stall is capped at 2 s; a larger step is refused (ClockMovedBackwards) and the refill
+#: retried later, which is what an operator wants to see for such a clock anyway
+MAX_BACKWARDS_MS = 1_000
+
 EPOCH_ENV = "LEAFPOOL_SNOWFLAKE_EPOCH"
 _UNIX = datetime(1970, 1, 1, tzinfo=UTC)
 _SPINS_BEFORE_SLEEP = 1_000
@@ -186,10 +192,11 @@ class SnowflakeGenerator:
         ):
             raise InvalidArgument("random_start", random_start,
                                   f"an integer from 0 (disabled) to {IDS_PER_MS}")
-        if isinstance(max_backwards_ms, bool) or not isinstance(max_backwards_ms, int) or (
-            max_backwards_ms < 0
+        if isinstance(max_backwards_ms, bool) or not isinstance(max_backwards_ms, int) or not (
+            0 <= max_backwards_ms <= MAX_BACKWARDS_MS
         ):
-            raise InvalidArgument("max_backwards_ms", max_backwards_ms, "an integer >= 0")
+            raise InvalidArgument("max_backwards_ms", max_backwards_ms,
+                                  f"an integer from 0 to {MAX_BACKWARDS_MS}")
         if isinstance(high_water_ms, bool) or not isinstance(high_water_ms, int) or (
             high_water_ms < 0
         ):

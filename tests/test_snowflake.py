@@ -13,6 +13,7 @@ import pytest
 from leafpool.config import load_settings
 from leafpool.errors import ClockMovedBackwards, ConfigurationError, InvalidArgument
 from leafpool.snowflake import (
+    MAX_BACKWARDS_MS,
     MAX_ID,
     MAX_SEQUENCE,
     MAX_TIMESTAMP,
@@ -129,7 +130,9 @@ def test_exhaustion_horizon() -> None:
 
 
 @pytest.mark.parametrize("field,value", [("random_start", -1), ("random_start", 4097),
-                                         ("max_backwards_ms", -1), ("high_water_ms", -5)])
+                                         ("max_backwards_ms", -1),
+                                         ("max_backwards_ms", MAX_BACKWARDS_MS + 1),
+                                         ("high_water_ms", -5)])
 def test_bad_tuning_is_refused(field: str, value: int) -> None:
     with pytest.raises(InvalidArgument) as err:
         make(MsClock(), **{field: value})
