@@ -46,8 +46,10 @@ class Runtime:
         return SegmentRefiller(self.pool, self.store, self.settings)
 
     def snowflake_refiller(self) -> SnowflakeRefiller:
-        """This process's snowflake refiller; its worker ID is claimed on first use (in a
-        Celery worker: after the fork) and released by :meth:`close`."""
+        """This process's snowflake refiller; its worker ID is claimed by its first refill
+        (in a Celery worker: after the fork; a refused claim is recorded in the tag's
+        ``lease_state`` and tried again by the next refill) and released by
+        :meth:`close`."""
         if self._snowflake is None:
             from leafpool.registry import LeasedGenerator, default_identity, open_registry
             from leafpool.snowflake_pool import SnowflakeRefiller
@@ -56,7 +58,6 @@ class Runtime:
             registry = open_registry(self.settings, identity,
                                      start_wait_ms=self.settings.snowflake_start_wait_ms)
             generator = LeasedGenerator(registry, self.settings)
-            generator.start()
             self._generator = generator
             self._snowflake = SnowflakeRefiller(self.pool, generator, self.settings)
         return self._snowflake

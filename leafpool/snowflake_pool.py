@@ -72,8 +72,10 @@ class SnowflakeRefiller(Refiller):
         except ClockMovedBackwards as exc:
             self._record_backwards(snap.tag, exc)
             raise
-        except WorkerIdUnavailable:
-            self.pool.record(snap.tag, lease_state="unavailable")
+        except WorkerIdUnavailable as exc:
+            # fenced (identity held by another live process) or never claimed: this
+            # process generates nothing; the pool keeps serving what it holds
+            self.pool.record(snap.tag, lease_state=self.generator.lease_state(exc))
             raise
         self._record_worker(snap, result.worker_id)
         return result
@@ -104,15 +106,13 @@ class SnowflakeRefiller(Refiller):
         if str(worker_id) in seen:
             seen.remove(str(worker_id))
         seen = [str(worker_id), *seen][:MAX_WORKER_IDS_SHOWN]
-        lease = self.generator.lease
         gen = self.generator.generator
         years_left = gen.years_left() if gen is not None else None
         if gen is not None and gen.exhausts_within(self.settings.snowflake_exhaustion_warn_days):
             log.warning("%s: worker %s: the snowflake time bits run out in %.2f years",
                         snap.tag, worker_id, years_left)
         self.pool.record(snap.tag, worker_ids=",".join(seen), last_worker_id=worker_id,
-                         lease_state=f"held ({lease.mode}, from {lease.source})"
-                         if lease else "none",
+                         lease_state=self.generator.lease_state(),
                          time_bits_years_left=f"{years_left:.3f}" if years_left else "")
 
     def _record_backwards(self, tag: str, exc: ClockMovedBackwards) -> None:

@@ -1,12 +1,15 @@
 """Mode zk against a real ZooKeeper: Leaf's layout, reuse after restart, the clock
 checks (recorded timestamp, live peers), fencing, session expiry mid-run, ZooKeeper
-down at start (cache file), no wrap past 1023, and 4 real processes x 200,000 IDs."""
+down at start (cache file), one live process per identity (a reconnect that finds it held
+elsewhere fences), no wrap past 1023, and 4 real processes x 200,000 IDs."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import multiprocessing
+import os
 import shutil
 from array import array
 from collections.abc import Callable, Iterator
@@ -16,9 +19,13 @@ import pytest
 
 from leafpool.config import Settings, load_settings
 from leafpool.errors import ClockMovedBackwards, ConfigurationError, WorkerIdUnavailable
+from leafpool.pool import Pool
 from leafpool.registry import LeasedGenerator, open_registry, safe_identity
 from leafpool.registry.zk import ZkRegistry
+from leafpool.runtime import Runtime
 from leafpool.snowflake import decode, wall_clock_ms
+from leafpool.snowflake_pool import SnowflakeRefiller
+from leafpool.status import tag_status
 from tests import services
 from tests.ms_clock import MsClock
 from tests.snowflake_worker import run as run_worker
@@ -246,6 +253,115 @@ def test_session_expiry_mid_run_keeps_the_worker_id(make: Factory, zk_hosts: str
     assert isinstance(recorded, int)
     assert recorded >= decode(after[-1]).timestamp_ms  # high-water still written
     gen.close()
+
+
+# -- one live process per identity: a second one is refused, a reconnect fences --------
+
+def test_a_second_process_with_a_live_identity_generates_nothing_and_status_says_why(
+        make: Factory, zk_hosts: str, name: str, tmp_path: Path, redis_url: str,
+        pool: Pool) -> None:
+    live = make("host-a:w:0")
+    live.claim()
+    assert live.client is not None
+    # another worker process with the same identity (its own cache file), as in Celery
+    settings = _settings(zk_hosts, name, tmp_path, redis_url=redis_url,
+                         snowflake_cache_dir=str(tmp_path / "second-cache"))
+    rt = Runtime(settings, identity="host-a:w:0")
+    try:
+        refiller = rt.snowflake_refiller()
+        pool.register("flake", "snowflake", 0)
+        with pytest.raises(WorkerIdUnavailable) as err:
+            refiller.refill("flake")
+        assert "identity in use" in str(err.value)
+        status = tag_status(pool.snapshot("flake"))
+        assert status.lease_state.startswith("unavailable: host-a:w:0: identity in use")
+        session = live.client.client_id[0]
+        assert f"held by pid {os.getpid()} on host-a, ZooKeeper session 0x{session:x}" in (
+            status.lease_state)
+        assert status.length == 0 and status.last_refill_result == "failed: IdentityHeld"
+        live.release()
+        assert refiller.refill("flake").pushed > 0  # the next refill claims: holder gone
+        assert tag_status(pool.snapshot("flake")).lease_state == "held (zk, from zookeeper)"
+    finally:
+        rt.close()
+
+
+def test_a_reconnect_finding_the_identity_held_by_a_live_process_fences(
+        own_zk: services.Server, name: str, tmp_path: Path, pool: Pool,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Started from the cache file while ZooKeeper was down; meanwhile another process
+    claimed the same identity. Once ZooKeeper answers, this one stops generating for
+    good, the pool keeps serving what it holds, and the log and the status say why."""
+    hosts = own_zk.extra["hosts"]
+    settings = _settings(hosts, name, tmp_path)
+    first = open_registry(settings, "host-a:w:0", background=False)
+    first.claim()
+    first.release()  # its cache file is what a start without ZooKeeper uses
+    pool.register("flake", "snowflake", 0)
+    own_zk.kill()
+    try:
+        degraded = open_registry(settings, "host-a:w:0", background=False,
+                                 connect_timeout_s=0.5)
+        assert isinstance(degraded, ZkRegistry)
+        gen = LeasedGenerator(degraded, settings, window_ms=0)
+        refiller = SnowflakeRefiller(pool, gen, settings)
+        assert refiller.refill("flake").pushed > 0  # generating from the cache file
+        assert degraded.degraded and gen.lease is not None and gen.lease.source == "cache"
+    finally:
+        own_zk.start()
+        wait_serving(hosts)
+    held = open_registry(settings.model_copy(update={
+        "snowflake_cache_dir": str(tmp_path / "other-host-cache")}), "host-a:w:0",
+        background=False)
+    assert isinstance(held, ZkRegistry)
+    held.claim()  # another process takes the identity while this one is disconnected
+    assert held.client is not None
+    session = f"ZooKeeper session 0x{held.client.client_id[0]:x}"
+    served = pool.snapshot("flake").length
+
+    def fenced() -> bool:  # each tick tries ZooKeeper again (a short connect timeout)
+        degraded.tick()
+        return degraded.fenced is not None
+
+    with caplog.at_level(logging.ERROR, logger="leafpool.registry"):
+        services.wait_until(fenced, 30, "the reconnect fenced")
+    assert degraded.fenced == f"identity held by pid {os.getpid()} on host-a, {session}"
+    assert any(rec.getMessage().startswith("host-a:w:0: worker 0 fenced")
+               and session in rec.getMessage() for rec in caplog.records)
+    with pytest.raises(WorkerIdUnavailable) as err:
+        gen.next_batch(10)
+    assert "fenced: identity held by" in str(err.value)
+    taken = pool.redis.lpop("leafpool:{flake}:ids", served - 10)  # clients drain it
+    assert taken is not None and len(taken) == served - 10
+    with pytest.raises(WorkerIdUnavailable):  # a refill is due, and refused
+        refiller.refill("flake")
+    status = tag_status(pool.snapshot("flake"))
+    assert status.lease_state == f"fenced: {degraded.fenced}"
+    assert status.length == 10  # the pool keeps serving what it holds
+    held.check()  # the live holder is left alone
+    held.release()
+    degraded.release()
+
+
+def test_an_expired_session_whose_identity_was_claimed_meanwhile_fences(
+        make: Factory, zk_hosts: str) -> None:
+    a = make("host-a:w:0")
+    gen = LeasedGenerator(a, a.settings, window_ms=0)
+    gen.start()
+    gen.next_batch(100)
+    assert a.client is not None
+    states = StateLog(a.client)
+    expire_session(a.client, zk_hosts)
+    states.wait_for("LOST", "CONNECTED")
+    b = make("host-a:w:0", cache="b-cache")
+    b.claim()  # the identity was free: a's node went with its session
+    assert b.client is not None
+    a.tick()
+    assert a.fenced == (f"identity held by pid {os.getpid()} on host-a, ZooKeeper session "
+                        f"0x{b.client.client_id[0]:x}")
+    with pytest.raises(WorkerIdUnavailable):
+        gen.next_batch(10)
+    b.check()
 
 
 # -- no wrap past 1023 -------------------------------------------------------------------

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from leafpool.config import Settings
 from leafpool.errors import LeafpoolError
-from leafpool.registry.base import Lease, WorkerIdRegistry
+from leafpool.registry.base import BaseRegistry, Lease, WorkerIdRegistry
 from leafpool.snowflake import SnowflakeGenerator, wall_clock_ms
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,19 @@ class LeasedGenerator:
                         "(LEAFPOOL_SNOWFLAKE_EPOCH=%d)", lease.worker_id,
                         self.generator.years_left(), self.settings.snowflake_epoch)
         return lease
+
+    def lease_state(self, error: LeafpoolError | None = None) -> str:
+        """What status shows for this generator's worker ID: ``held (mode, from
+        source)``, ``fenced: <why>`` once the registry fenced it (for good), or
+        ``unavailable: <error>`` when no worker ID could be claimed."""
+        registry = self.registry
+        fenced = registry.fenced if isinstance(registry, BaseRegistry) else None
+        if fenced is not None:
+            return f"fenced: {fenced}"
+        lease = self.lease
+        if error is None and lease is not None:
+            return f"held ({lease.mode}, from {lease.source})"
+        return f"unavailable: {error}" if error is not None else "none"
 
     def _gen(self) -> SnowflakeGenerator:
         if self.generator is None:

@@ -6,7 +6,8 @@ Layout (Leaf's, so an existing Leaf tree is shared without conflict)::
         sequence number is the worker ID, reused by the same identity after a restart.
         Data: Leaf's Endpoint JSON {"ip", "port", "timestamp"} plus our "token".
     /snowflake/{name}/temporary/{identity}            ephemeral (the article's
-        leaf_temporary): marks the identity live; data {"ip", "port", "timestamp", "token"}
+        leaf_temporary): marks the identity live; data {"ip", "port", "timestamp", "token",
+        "pid"}
 
 The identity is written in its safe form (no ``-``, which Leaf splits child names on).
 ``timestamp`` is reported every ``snowflake_report_seconds`` (Leaf: 3 s) and raised by
@@ -33,12 +34,21 @@ ZooKeeper is a weak dependency here, as in Leaf: the worker ID belongs to the id
 for ever, so when ZooKeeper is unreachable at start the cache file supplies it (same
 clock check), and while it is unreachable the high-water mark is written to the cache
 file and synced to ZooKeeper once it answers again.
+
+One identity, one live process: a process that finds its ``temporary`` node held by
+another live session once ZooKeeper answers again (started from the cache file, or its
+session expired and the node is not its own) is **fenced**: it stops generating for good
+(the pool keeps serving what it holds), logs it and reports ``fenced: identity held by
+...`` as the tag's lease state. The holder is told apart from this identity's previous,
+dead incarnation by the token and pid in the node.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import os
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -66,6 +76,21 @@ log = logging.getLogger(__name__)
 RECONNECT_ERRORS: tuple[type[BaseException], ...] = (WorkerIdUnavailable, *KAZOO_ERRORS)
 
 
+class IdentityHeld(WorkerIdUnavailable):
+    """The identity's ``temporary`` node is held by another live process."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+def describe_holder(data: dict[str, Any], stat: ZnodeStat) -> str:
+    """Who holds a ``temporary`` node: its process (when it says) and session."""
+    pid = data.get("pid")
+    who = f"pid {pid} on {data.get('ip', '?')}, " if pid else ""
+    return f"{who}ZooKeeper session 0x{stat.ephemeralOwner:x}"
+
+
 class ZkRegistry(BaseRegistry):
     mode = "zk"
 
@@ -85,6 +110,7 @@ class ZkRegistry(BaseRegistry):
         self.peer_skew_ms: float | None = None
         self.pending_sync = False  # high-water written to the cache only (ZK unreachable)
         self._version = -1
+        self._sessions: set[int] = set()  # sessions this registry created its node in
 
     @property
     def degraded(self) -> bool:
@@ -148,14 +174,31 @@ class ZkRegistry(BaseRegistry):
     def _endpoint(self, ts: int) -> bytes:
         return dump({"ip": self.host, "port": self.rest, "timestamp": ts, "token": self.token})
 
+    def _live_marker(self, ts: int) -> bytes:
+        """Data of the ``temporary`` node: the endpoint plus this process's pid."""
+        return dump({"ip": self.host, "port": self.rest, "timestamp": ts, "token": self.token,
+                     "pid": os.getpid()})
+
+    def _previous_incarnation(self, holder: dict[str, Any], cached: CacheRecord | None
+                              ) -> bool:
+        """True when a held ``temporary`` node is this identity's previous process, now
+        gone (its token is the cache file's, its pid runs no more): it may be taken over.
+        Any other holder is another live process."""
+        if cached is None or not cached.token or holder.get("token") != cached.token:
+            return False
+        pid = holder.get("pid")
+        writer = cached if not isinstance(pid, int) else dataclasses.replace(cached, pid=pid)
+        return writer.writer_gone()
+
     def _take_temporary(self, client: KazooClient, cached: CacheRecord | None
                         ) -> tuple[ZnodeStat, int]:
         """Create our ephemeral node; returns its stat and our clock when we sent it."""
         for _ in range(3):
             sent = self.clock()
             try:
-                _, stat = client.create(self.temp_path, self._endpoint(sent), ephemeral=True,
-                                        include_data=True)
+                _, stat = client.create(self.temp_path, self._live_marker(sent),
+                                        ephemeral=True, include_data=True)
+                self._sessions.add(stat.ephemeralOwner)
                 return stat, sent
             except NodeExistsError:
                 pass
@@ -163,17 +206,20 @@ class ZkRegistry(BaseRegistry):
                 raw, ostat = client.get(self.temp_path)
             except NoNodeError:
                 continue
-            holder = load(raw).get("token")
-            if (cached is None or not cached.token or holder != cached.token
-                    or not cached.writer_gone()):
-                raise WorkerIdUnavailable(
-                    f"{self.identity}: identity in use: {self.temp_path} is held by the live "
-                    f"ZooKeeper session 0x{ostat.ephemeralOwner:x}; two processes must not "
-                    "share an identity (it waits until that session ends)"
+            holder = load(raw)
+            if ostat.ephemeralOwner in self._sessions:
+                what = "this process's own node from an earlier session"
+            elif self._previous_incarnation(holder, cached):
+                what = f"this identity's previous process (pid {holder.get('pid', '?')}, gone)"
+            else:
+                who = describe_holder(holder, ostat)
+                raise IdentityHeld(
+                    f"{self.identity}: identity in use: {self.temp_path} is held by {who}; "
+                    "two processes must not share an identity (it waits until that "
+                    "session ends)", who,
                 )
-            log.warning("%s: taking over %s from this identity's previous process (pid %d, "
-                        "gone; session 0x%x)", self.identity, self.temp_path, cached.pid,
-                        ostat.ephemeralOwner)
+            log.warning("%s: taking over %s from %s (session 0x%x)", self.identity,
+                        self.temp_path, what, ostat.ephemeralOwner)
             with contextlib.suppress(NoNodeError, BadVersionError):
                 client.delete(self.temp_path, version=ostat.version)
         raise WorkerIdUnavailable(f"{self.identity}: could not create {self.temp_path}")
@@ -315,40 +361,73 @@ class ZkRegistry(BaseRegistry):
         now = self.clock()
         ts = max(now, self._high_water)
         client = self._connected()
-        if client is not None and self._write_forever(client, ts):
-            self.pending_sync = False
-            self._touch_temporary(client, now)
+        if client is not None:
+            self._touch_temporary(client, now)  # first: is the identity still ours?
+            if self._fenced is not None:
+                return  # logged by the fence; nothing more is written
+            if self._write_forever(client, ts):
+                self.pending_sync = False
         self._high_water = ts
         self._write_cache(lease.worker_id, ts)
 
     def _touch_temporary(self, client: KazooClient, now: int) -> None:
-        """Report our time on the ephemeral node; re-create it after a session expiry."""
-        try:
-            client.set_async(self.temp_path, self._endpoint(now)).get(timeout=self.op_timeout_s)
+        """Report our time on the ephemeral node; re-create it after a session expiry.
+        A node held by another session fences this process (the identity is in use)."""
+        for _ in range(2):
+            try:
+                raw, stat = client.get_async(self.temp_path).get(timeout=self.op_timeout_s)
+            except NoNodeError:
+                if self._recreate_temporary(client, now):
+                    return
+                continue  # another session created it meanwhile: whose is it?
+            except KAZOO_ERRORS as exc:
+                log.warning("%s: report to %s failed: %r", self.identity, self.temp_path, exc)
+                return
+            if not self._own(client, stat):
+                self._fence(f"identity held by {describe_holder(load(raw), stat)}")
+                return
+            try:
+                client.set_async(self.temp_path, self._live_marker(now), version=stat.version
+                                 ).get(timeout=self.op_timeout_s)
+            except KAZOO_ERRORS as exc:  # BadVersionError too: written meanwhile
+                log.warning("%s: report to %s failed: %r", self.identity, self.temp_path, exc)
             return
-        except NoNodeError:
-            pass
-        except KAZOO_ERRORS as exc:
-            log.warning("%s: report to %s failed: %r", self.identity, self.temp_path, exc)
-            return
+
+    def _own(self, client: KazooClient, stat: ZnodeStat) -> bool:
+        """The node was created by this registry (in this session or an earlier one)."""
+        current = client.client_id[0] if client.client_id else None
+        return stat.ephemeralOwner in self._sessions or stat.ephemeralOwner == current
+
+    def _recreate_temporary(self, client: KazooClient, now: int) -> bool:
+        """Re-create our ephemeral node (new session); False when another session
+        created it first."""
         try:
-            client.create_async(self.temp_path, self._endpoint(now), ephemeral=True
-                                ).get(timeout=self.op_timeout_s)
-            log.info("%s: re-created %s (new ZooKeeper session)", self.identity,
-                     self.temp_path)
+            _, stat = client.create_async(self.temp_path, self._live_marker(now),
+                                          ephemeral=True, include_data=True
+                                          ).get(timeout=self.op_timeout_s)
         except NodeExistsError:
-            self._fence(f"{self.temp_path} is held by another live session")
+            return False
         except KAZOO_ERRORS as exc:
             log.warning("%s: re-creating %s failed: %r", self.identity, self.temp_path, exc)
+            return True  # the next tick tries again
+        self._sessions.add(stat.ephemeralOwner)
+        log.info("%s: re-created %s (new ZooKeeper session)", self.identity, self.temp_path)
+        return True
 
     def _reconnect(self, lease: Lease, client: KazooClient, info: SessionInfo) -> None:
-        """Started from the cache: ZooKeeper answers again. Check that it agrees on the
-        worker ID; the tick then syncs the high-water mark."""
+        """Started from the cache: ZooKeeper answers again. Check that no other live
+        process holds the identity (else fence) and that ZooKeeper agrees on the worker
+        ID; the tick then syncs the high-water mark."""
         try:
             client.ensure_path(self.forever)
             client.ensure_path(self.temporary)
             cached = self.read_cache()
-            self._take_temporary(client, cached)
+            try:
+                self._take_temporary(client, cached)
+            except IdentityHeld as exc:
+                self._fence(f"identity held by {exc.holder}")
+                close(client)
+                return
             found = self._find_forever(client)
             if found is None or found[0] != lease.worker_id:
                 self._fence(
