@@ -1,11 +1,16 @@
-"""``python -m bench [--quick]``: every benchmark in one run, printed as tables with
-ratios against the baselines named in the issues."""
+"""``python -m bench [--quick | --smoke] [--only SECTION]``: every benchmark in one run,
+printed as tables with ratios against the baselines named in the issues.
+
+``--quick`` runs fewer operations; ``--smoke`` runs every section with tiny sizes in
+seconds, to prove the benchmarks run (its figures mean nothing): the test suite runs it
+with only what the ``bench`` extra installs (tests/test_bench_imports.py)."""
 
 from __future__ import annotations
 
 import argparse
 import platform
 import time
+from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.table import Table
@@ -31,28 +36,58 @@ def pop_table(results: list[Result]) -> Table:
     return table
 
 
-def snowflake_section() -> None:
+@dataclass(frozen=True)
+class Sizes:
+    single: int = 20_000  # single-ID operations per case and round
+    batch: int = 4_000  # batch operations per case and round
+    refill: int = 300_000  # IDs one refiller pushes per round
+    fill: int = 100_000  # IDs pooled before LPOP latency is measured during refills
+    settle_s: float = 30.0  # ... or after this long
+    memory: int = 100_000  # IDs pooled to measure memory per ID (multiple of 10,000)
+    redis_requests: int = 100_000  # redis-benchmark requests
+    snowflake_rounds: int = 5
+    snowflake_round_s: float = 0.25
+    http: list[str] = field(default_factory=list)  # http_bench arguments
+
+    @property
+    def tickets(self) -> int:
+        return max(1000, self.single // 10) if self.single >= 1000 else self.single
+
+
+FULL = Sizes()
+QUICK = Sizes(single=5_000, batch=1_000)
+SMOKE = Sizes(single=200, batch=20, refill=2_000, fill=1_000, settle_s=3.0, memory=10_000,
+              redis_requests=1_000, snowflake_rounds=1, snowflake_round_s=0.01,
+              http=["--duration", "0.3", "--batch", "10", "--connections", "4"])
+
+
+def snowflake_section(sizes: Sizes) -> None:
     from bench import snowflake_bench
 
-    snowflake_bench.main()
+    snowflake_bench.main(sizes.snowflake_rounds, sizes.snowflake_round_s)
 
 
-def http_section() -> None:
+def http_section(sizes: Sizes) -> None:
     from bench import http_bench
 
-    http_bench.main([])
+    http_bench.main(sizes.http)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
-    parser.add_argument("--quick", action="store_true", help="fewer operations")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="fewer operations")
+    size.add_argument("--smoke", action="store_true",
+                      help="every section with tiny sizes, in seconds: proves the benchmarks "
+                           "run; the figures mean nothing")
     parser.add_argument("--only", choices=["", "pools", "snowflake", "http"], default="",
                         help="one section")
     args = parser.parse_args()
+    sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
     if args.only in ("snowflake", "http"):
-        snowflake_section() if args.only == "snowflake" else http_section()
+        (snowflake_section if args.only == "snowflake" else http_section)(sizes)
         return
-    single, batch = (5_000, 1_000) if args.quick else (20_000, 4_000)
+    single, batch = sizes.single, sizes.batch
     started = time.monotonic()
     console.print(f"leafpool benchmarks on {platform.node()} ({platform.machine()}, "
                   f"Python {platform.python_version()})")
@@ -60,18 +95,18 @@ def main() -> None:
     with servers.redis() as durable, servers.redis("--appendfsync", "everysec") as everysec:
         results = pools.pops(durable.extra["url"], "fsync always", single, batch)
         results += pools.pops(everysec.extra["url"], "everysec", single, batch)
-        results += pools.ticket_server(max(1000, single // 10))
+        results += pools.ticket_server(sizes.tickets)
         latency, pushed, busy = pools.latency_during_refills(
-            durable.extra["url"], single * 2, "fsync always")
+            durable.extra["url"], single * 2, "fsync always", sizes.fill, sizes.settle_s)
         lat2, pushed2, busy2 = pools.latency_during_refills(
-            everysec.extra["url"], single * 2, "everysec")
+            everysec.extra["url"], single * 2, "everysec", sizes.fill, sizes.settle_s)
         latency += lat2
         pushed += pushed2
         busy += busy2
-        refill = pools.refill_throughput(durable.extra["url"], 300_000)
-        memory = pools.memory_per_id(durable.extra["url"])
-        many_durable = pools.redis_benchmark(durable.port)
-        many_everysec = pools.redis_benchmark(everysec.port)
+        refill = pools.refill_throughput(durable.extra["url"], sizes.refill)
+        memory = pools.memory_per_id(durable.extra["url"], sizes.memory)
+        many_durable = pools.redis_benchmark(durable.port, sizes.redis_requests)
+        many_everysec = pools.redis_benchmark(everysec.port, sizes.redis_requests)
 
     console.print(pop_table(results))
     by = {r.name: r for r in results}
@@ -131,9 +166,9 @@ def main() -> None:
     console.print(other)
 
     if args.only in ("", "snowflake"):
-        snowflake_section()
+        snowflake_section(sizes)
     if args.only in ("", "http"):
-        http_section()
+        http_section(sizes)
     console.print(f"total {time.monotonic() - started:.0f} s")
 
 

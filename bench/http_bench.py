@@ -31,8 +31,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import servers
+from bench.servers import free_port, wait_until
+from leafpool.children import die_with_parent
 from leafpool.pool import Pool
-from tests.services import free_port, wait_until
 
 console = Console(width=150)
 TAG = "bench"
@@ -103,7 +104,8 @@ def start_app(redis_url: str, home: Path) -> tuple[subprocess.Popen[bytes], str]
     argv = [sys.executable, "-m", "uvicorn", "--factory", "leafpool.http:app_from_env",
             "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
             "--no-access-log", "--log-level", "warning"]
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    proc = subprocess.Popen(argv, env=env, start_new_session=True,
+                            preexec_fn=die_with_parent())
     base = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
@@ -228,8 +230,8 @@ def main(argv: list[str] | None = None) -> None:
             single = f"{base}/api/segment/get/{TAG}"
             batch = f"{base}/api/segment/get/{TAG}?count={args.batch}"
             # warm-up: connections, the tag's mode cache, the allocator
-            measure("warm-up", single, 1, loadgen, 1.0, args.connections, proc.pid,
-                    server.proc.pid)
+            measure("warm-up", single, 1, loadgen, min(1.0, args.duration), args.connections,
+                    proc.pid, server.proc.pid)
             runs = [
                 measure(f"single ID: GET /api/segment/get/{{tag}}, {args.connections} conns",
                         single, 1, loadgen, args.duration, args.connections, proc.pid,

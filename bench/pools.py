@@ -25,6 +25,7 @@ import redis
 
 from bench import servers
 from bench.measure import Result, interleaved
+from leafpool.children import die_with_parent
 from leafpool.client import Client
 from leafpool.config import load_settings
 from leafpool.lock import RefillLock
@@ -32,6 +33,7 @@ from leafpool.pool import Pool, Range
 from leafpool.refill import SegmentRefiller
 from leafpool.store import SegmentStore
 
+ROOT = Path(__file__).resolve().parent.parent
 TAG = "bench"
 IDS_KEY = f"leafpool:{{{TAG}}}:ids"
 ROUNDS = 3
@@ -88,13 +90,14 @@ def ticket_server(ops: int) -> list[Result]:
         return result
 
 
-def _refiller_env(url: str, db_url: str, chunk: int) -> dict[str, str]:
+def _refiller_env(url: str, db_url: str, chunk: int, pool: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
+    path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env.update({"LEAFPOOL_REDIS_URL": url, "LEAFPOOL_DATABASE_URL": db_url,
-                "LEAFPOOL_CHUNK_SIZE": str(chunk), "LEAFPOOL_POOL_FLOOR": "200000",
-                "LEAFPOOL_POOL_CEILING": "200000", "LEAFPOOL_LOW_WATER_RATIO": "0.9",
+                "LEAFPOOL_CHUNK_SIZE": str(chunk), "LEAFPOOL_POOL_FLOOR": str(pool),
+                "LEAFPOOL_POOL_CEILING": str(pool), "LEAFPOOL_LOW_WATER_RATIO": "0.9",
                 "LEAFPOOL_HOME": tempfile.mkdtemp(prefix="leafpool-bench-"),
-                "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                "PYTHONPATH": os.pathsep.join(path)})
     return env
 
 
@@ -116,10 +119,11 @@ def _evalsha_stats(r: redis.Redis) -> tuple[int, int]:
 
 
 def latency_during_refills(
-    url: str, ops: int, label: str
+    url: str, ops: int, label: str, fill: int = 100_000, settle_s: float = 30.0
 ) -> tuple[list[Result], list[float], list[float]]:
     """LPOP latency with no refill, then with refills running continuously at each chunk
-    size (a drainer takes ~200k IDs/s in LPOPs of 10,000, so the refiller never rests)."""
+    size (a drainer takes ~200k IDs/s in LPOPs of 10,000, so the refiller never rests).
+    Each case starts once the refiller has pushed ``fill`` IDs, or after ``settle_s``."""
     r = redis.Redis.from_url(url)
     results: list[Result] = []
     pushed_rates: list[float] = []
@@ -134,16 +138,17 @@ def latency_during_refills(
             store = SegmentStore.from_url(db_url)
             store.init_schema()
             store.add_tag(tag, step=100_000)
-            env = _refiller_env(url, db_url, chunk)
+            env = _refiller_env(url, db_url, chunk, 2 * fill)
             # niced: on a 2-core machine the refiller and drainer would otherwise take the
             # CPU Redis and the measuring client need (in production they run elsewhere)
             nice = ["nice", "-n", "19", sys.executable]
             procs.append(subprocess.Popen(
                 [*nice, "-m", "tests.procs", "refiller", tag], env=env,
-                stdout=subprocess.DEVNULL, cwd=env["PYTHONPATH"]))
-            procs.append(subprocess.Popen([*nice, "-c", DRAINER, url, key]))
-            deadline = time.monotonic() + 30
-            while r.llen(key) < 100_000 and time.monotonic() < deadline:
+                stdout=subprocess.DEVNULL, cwd=ROOT, preexec_fn=die_with_parent()))
+            procs.append(subprocess.Popen([*nice, "-c", DRAINER, url, key],
+                                          preexec_fn=die_with_parent()))
+            deadline = time.monotonic() + settle_s
+            while r.llen(key) < fill and time.monotonic() < deadline:
                 time.sleep(0.05)  # waiting for the first fill
         prefill(r, ops + 1000)
         before = int(r.hget(f"leafpool:{{{tag}}}:state", "pushed_total") or 0)
@@ -208,12 +213,12 @@ def memory_per_id(url: str, count: int = 100_000) -> list[tuple[str, float, floa
     return out
 
 
-def redis_benchmark(port: int) -> float:
+def redis_benchmark(port: int, requests: int = 100_000) -> float:
     """LPOP requests/s with 50 connections (redis-benchmark), after it fills its list."""
     binary = shutil.which("redis-benchmark")
     if binary is None:
         return float("nan")
-    proc = subprocess.run([binary, "-p", str(port), "-q", "-n", "100000", "-c", "50",
+    proc = subprocess.run([binary, "-p", str(port), "-q", "-n", str(requests), "-c", "50",
                            "-t", "lpush,lpop"], capture_output=True, text=True, timeout=300)
     for line in proc.stdout.replace("\r", "\n").splitlines():
         # final line: "LPOP: 98039.22 requests per second, p50=0.263 msec"

@@ -103,10 +103,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    print(f"Snowflake generation, one process, one worker ID each; median of {ROUNDS} "
-          f"interleaved rounds of {ROUND_SECONDS}s")
-    print(format_table(run()))
+def main(rounds: int = ROUNDS, round_seconds: float = ROUND_SECONDS) -> None:
+    print(f"Snowflake generation, one process, one worker ID each; median of {rounds} "
+          f"interleaved rounds of {round_seconds}s")
+    print(format_table(run(rounds, round_seconds)))
 
 
 if __name__ == "__main__":

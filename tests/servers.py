@@ -1,8 +1,12 @@
-"""Real servers for the tests: redis-server, MariaDB and ZooKeeper started on loopback on
-free ports with throwaway data directories.
+"""Real servers on loopback: redis-server, MariaDB and ZooKeeper started on free ports
+with throwaway data directories, for the tests and the benchmarks.
 
-A missing binary makes the tests that need it skip with the reason, except under
-``CI=true`` where it is a failure (CI must install what the tests need).
+This module does not import pytest: the benchmarks (``./dev bench``, installed with the
+``bench`` extra only) use it too. A missing binary raises :class:`NotInstalled`;
+``tests/services.py`` turns that into a skip, or a failure under ``CI=true``.
+
+Each server gets a parent-death SIGKILL (:mod:`leafpool.children`) when started from the
+main thread: none outlives the test run or the benchmark that started it.
 """
 
 from __future__ import annotations
@@ -18,18 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
+from leafpool.children import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
-IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
-def missing(what: str) -> None:
-    """Skip locally, fail under CI=true."""
-    reason = f"{what} is not installed (run `make test`, which installs it)"
-    if IN_CI:
-        pytest.fail(reason)
-    pytest.skip(reason)
+class NotInstalled(RuntimeError):
+    """A server binary is missing; ``what`` names the Debian package to install."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} is not installed (`./dev test` and `./dev bench` install it)")
+        self.what = what
 
 
 def free_port() -> int:
@@ -73,7 +76,7 @@ class Server:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.datadir,
-                start_new_session=True,
+                start_new_session=True, preexec_fn=die_with_parent(signal.SIGKILL),
             )
         try:
             wait_until(lambda: port_open(self.port), timeout, self.name)
@@ -107,8 +110,7 @@ def redis_server(config: Path | None = None, extra_args: list[str] | None = None
     """A redis-server on a free port; ``config`` defaults to the shipped ops/redis.conf."""
     binary = shutil.which("redis-server")
     if binary is None:
-        missing("redis-server")
-    assert binary
+        raise NotInstalled("redis-server")
     port = free_port()
     datadir = _tmpdir("redis")
     conf = config or ROOT / "ops" / "redis" / "redis.conf"
@@ -128,8 +130,7 @@ def mariadb_server() -> Server:
         "/usr/sbin/mariadbd" if Path("/usr/sbin/mariadbd").exists() else None)
     install = shutil.which("mariadb-install-db") or shutil.which("mysql_install_db")
     if binary is None or install is None:
-        missing("mariadb-server")
-    assert binary and install
+        raise NotInstalled("mariadb-server")
     port = free_port()
     datadir = _tmpdir("mariadb")
     data = datadir / "data"
@@ -148,7 +149,8 @@ def mariadb_server() -> Server:
     server.start(timeout=60)
     # root@localhost has no password; grant it over TCP for the tests' throwaway server
     client = shutil.which("mariadb") or shutil.which("mysql")
-    assert client
+    if client is None:
+        raise NotInstalled("mariadb-client")
     sql = ("CREATE USER IF NOT EXISTS 'leafpool'@'%' IDENTIFIED BY 'leafpool';"
            "GRANT ALL ON *.* TO 'leafpool'@'%';"
            "CREATE DATABASE IF NOT EXISTS leafpool;")
@@ -173,8 +175,7 @@ ZK_CLASSPATH = [
 def zookeeper_server() -> Server:
     java = shutil.which("java")
     if java is None or not Path(ZK_CLASSPATH[0]).exists():
-        missing("zookeeper (Debian package) or java")
-    assert java
+        raise NotInstalled("zookeeper (Debian package) or java")
     port = free_port()
     datadir = _tmpdir("zk")
     cfg = datadir / "zoo.cfg"
