@@ -68,6 +68,23 @@ def test_pools_fill_sync_and_vanish_with_celery(
     assert r.sismember("leafpool:tags", "pay") and not r.sismember("leafpool:tags", "order")
 
 
+def test_a_tag_already_in_the_database_fills_within_seconds_of_the_start(
+    sqlite_url: str, redis_url: str, r: redis.Redis, tmp_path: Path, procs: list[Proc]
+) -> None:
+    """`celery -A workers worker -B` with the default tag sync interval (60 s): the beat
+    syncs and sweeps once when it starts, so the first IDs do not wait for the interval."""
+    store = SegmentStore.from_url(sqlite_url)
+    store.init_schema()
+    with store.engine.begin() as conn:  # as a Leaf user would, before anything runs
+        conn.execute(text("INSERT INTO leaf_alloc(biz_tag, max_id, step) VALUES ('pay', 1, 100)"))
+    env = leafpool_env(redis_url=redis_url, database_url=sqlite_url)
+    assert "LEAFPOOL_TAG_SYNC_SECONDS" not in env  # the default: 60 s
+    procs.append(worker(env, tmp_path / "worker.log", "-B", "-s",
+                        str(tmp_path / "beat-schedule")))
+    services.wait_until(_has_ids(r, "pay"), 10, "pay filled within 10 s of the start")
+    assert int(r.lpop("leafpool:{pay}:ids")) == 1  # type: ignore[arg-type]
+
+
 def test_a_worker_killed_mid_refill_is_redelivered_and_repeats_nothing(
     sqlite_url: str, redis_url: str, r: redis.Redis, tmp_path: Path, procs: list[Proc]
 ) -> None:

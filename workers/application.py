@@ -13,6 +13,9 @@ SEGMENT_QUEUE = "leafpool.segment"
 SNOWFLAKE_QUEUE = "leafpool.snowflake"
 CONTROL_QUEUE = "leafpool.control"
 
+SWEEP_ENTRY = "leafpool-sweep"
+SYNC_ENTRY = "leafpool-sync-tags"
+
 settings = get_settings()
 
 app = Celery("leafpool", broker=settings.broker_url, include=["workers.tasks"])
@@ -45,12 +48,12 @@ app.conf.update(
     accept_content=["json"],
     beat_scheduler="workers.beat:LockedScheduler",
     beat_schedule={
-        "leafpool-sweep": {
+        SWEEP_ENTRY: {
             "task": "leafpool.sweep",
             "schedule": timedelta(seconds=settings.sweep_seconds),
             "options": {"expires": max(settings.sweep_seconds * 5, 5)},
         },
-        "leafpool-sync-tags": {
+        SYNC_ENTRY: {
             "task": "leafpool.sync_tags",
             "schedule": timedelta(seconds=settings.tag_sync_seconds),
             "options": {"expires": settings.tag_sync_seconds},

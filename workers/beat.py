@@ -3,6 +3,10 @@ the schedules and the other stands by (and says so loudly) until the first goes 
 
 Even without it, two beats would break nothing (the sweep marks each queued refill, the
 tag sync is idempotent); the lock keeps the queues free of doubled control tasks.
+
+The beat that takes the lock sends a tag sync and a sweep at once, before the schedule's
+first interval: tags already in the database fill within seconds of the start, not one
+``LEAFPOOL_TAG_SYNC_SECONDS`` later.
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ from redis.exceptions import LockError
 
 from leafpool.keys import Keys
 from leafpool.redis_conn import connect
-from workers.application import settings
+from workers.application import SWEEP_ENTRY, SYNC_ENTRY, settings
 
 log = logging.getLogger(__name__)
 
 LOCK_TTL_SECONDS = 15.0
 STANDBY_POLL_SECONDS = 2.0
+#: sent once when this beat takes the lock: the sync registers (and refills) the
+#: database's tags, the sweep refills the tags Redis already knows
+START_ENTRIES = (SYNC_ENTRY, SWEEP_ENTRY)
 
 
 class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
@@ -33,6 +40,7 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
                                       timeout=LOCK_TTL_SECONDS, blocking=False,
                                       thread_local=False)
         self._active = False
+        self._just_acquired = False
         self._identity = f"{socket.gethostname()}"
 
     def _hold(self) -> bool:
@@ -48,6 +56,7 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
                 self._active = True
                 log.warning("beat on %s: holds the beat lock, sending schedules",
                             self._identity)
+                self._just_acquired = True
                 return True
         except Exception as exc:
             log.error("beat on %s: cannot reach Redis for the beat lock: %s",
@@ -57,9 +66,19 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
                   self._identity, Keys(settings.key_prefix).beat_lock)
         return False
 
+    def _send_start_entries(self) -> None:
+        self._just_acquired = False
+        for name in START_ENTRIES:
+            entry = self.schedule.get(name)
+            if entry is not None:
+                log.info("beat on %s: %s once at the start", self._identity, entry.task)
+                self.apply_entry(entry, producer=self.producer)  # the schedule is unchanged
+
     def tick(self, *args: Any, **kwargs: Any) -> float:
         if not self._hold():
             return STANDBY_POLL_SECONDS
+        if self._just_acquired:
+            self._send_start_entries()
         interval = float(super().tick(*args, **kwargs))
         return min(interval, LOCK_TTL_SECONDS / 3)
 
