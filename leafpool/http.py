@@ -58,6 +58,7 @@ from starlette.routing import Route
 from leafpool import metrics
 from leafpool.client import MAX_BATCH, AsyncClient
 from leafpool.config import DATABASE_URL_ENV, Settings, TokenPolicy, get_settings, hide_password
+from leafpool.db import leaf_alloc
 from leafpool.errors import (
     BackendUnavailable,
     ConfigurationError,
@@ -71,7 +72,6 @@ from leafpool.pool import Snapshot
 from leafpool.redis_conn import redis_errors
 from leafpool.runtime import Runtime
 from leafpool.status import TagStatus, age, tag_status
-from leafpool.store import leaf_alloc
 from leafpool.tags import validate_tag
 
 if TYPE_CHECKING:
@@ -732,13 +732,24 @@ def app_from_env() -> Starlette:
     return create_app(get_settings())
 
 
-def serve(settings: Settings | None = None) -> None:
-    """Run the HTTP service in this process (uvicorn, one worker) until interrupted."""
+def serve(settings: Settings | None = None, workers: int = 1) -> None:
+    """Run the HTTP service until interrupted, on ``settings``' host and port: in this
+    process (``workers=1``), or in ``workers`` uvicorn worker processes (uvicorn's
+    ``--workers``), each building its app with :func:`app_from_env`; they read their
+    settings from the environment, where this writes the host and port first."""
+    import os
+
     import uvicorn
 
     settings = settings or get_settings()
-    app = create_app(settings)
-    log.info("leafpool HTTP on http://%s:%d (/cache, /metrics, /health)",
-             settings.http_host, settings.http_port)
-    uvicorn.run(app, host=settings.http_host, port=settings.http_port,
+    log.info("leafpool HTTP on http://%s:%d, %d worker process(es) (/cache, /metrics, /health)",
+             settings.http_host, settings.http_port, workers)
+    if workers == 1:
+        uvicorn.run(create_app(settings), host=settings.http_host, port=settings.http_port,
+                    access_log=False, server_header=False, log_level="info")
+        return
+    os.environ["LEAFPOOL_HTTP_HOST"] = settings.http_host
+    os.environ["LEAFPOOL_HTTP_PORT"] = str(settings.http_port)
+    uvicorn.run("leafpool.http:app_from_env", factory=True, workers=workers,
+                host=settings.http_host, port=settings.http_port,
                 access_log=False, server_header=False, log_level="info")

@@ -3,7 +3,7 @@ embedded default), reached through SQLAlchemy.
 
 The one write on the hot path is Leaf's allocation: advance ``max_id`` by the step and
 read it back in one transaction; the range handed out is ``[max_id - step, max_id)``
-(design.md G3). The table is Leaf's DDL unchanged, so a database a Leaf server already
+(docs/design.md §2, G3). The table is Leaf's DDL unchanged, so a database a Leaf server already
 uses (rows inserted by hand included) works as it is.
 """
 
@@ -11,32 +11,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    Connection,
-    DateTime,
-    Engine,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    create_engine,
-    event,
-    func,
-    inspect,
-    select,
-    text,
-)
-from sqlalchemy.engine import make_url
+from sqlalchemy import Connection, Engine, Table, func, inspect, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from leafpool.config import MAX_ID, MAX_STEP
+from leafpool.db import (
+    OWN_TABLES,
+    ddl_statement,
+    is_deadlock,
+    leaf_alloc,
+    make_engine,
+    retired_tag,
+    snowflake_tag,
+    transaction,
+)
 from leafpool.errors import (
     BackendUnavailable,
     CounterBehind,
@@ -50,41 +42,7 @@ from leafpool.tags import validate_tag
 
 log = logging.getLogger(__name__)
 
-metadata = MetaData()
-leaf_alloc = Table(
-    "leaf_alloc",
-    metadata,
-    Column("biz_tag", String(128), primary_key=True, nullable=False, server_default=""),
-    Column("max_id", BigInteger, nullable=False, server_default="1"),
-    Column("step", Integer, nullable=False),
-    Column("description", String(256), nullable=True),
-    Column("update_time", DateTime, nullable=False, server_default=func.current_timestamp()),
-)
-
-# leafpool's own table (not Leaf's): the tags served in snowflake mode.
-snowflake_tag = Table(
-    "leafpool_snowflake_tag",
-    metadata,
-    Column("biz_tag", String(128), primary_key=True, nullable=False),
-    Column("description", String(256), nullable=True),
-    Column("create_time", DateTime, nullable=False, server_default=func.current_timestamp()),
-)
-
-
-# leafpool's own table: the high-water mark of every removed segment tag, kept after its
-# leaf_alloc row and its Redis keys are gone, so a tag added again under the same name
-# (by `leafpool tag add` or by hand in SQL) can never hand out an ID it handed out before
-# (G1, "ever"). ``max_id`` is the first ID the old tag never allocated.
-retired_tag = Table(
-    "leafpool_retired_tag",
-    metadata,
-    Column("biz_tag", String(128), primary_key=True, nullable=False),
-    Column("max_id", BigInteger, nullable=False),
-    Column("retire_time", DateTime, nullable=False, server_default=func.current_timestamp()),
-)
-
 FIRST_ID = 1  # IDs start at 1: a Leaf client reads 0 (and below) as a failure result
-MYSQL_DEADLOCK = 1213
 
 
 @dataclass(frozen=True)
@@ -153,53 +111,6 @@ def validate_start(start: int, step: int) -> int:
     return start
 
 
-def make_engine(url: str) -> Engine:
-    """An engine with short connect timeouts, so a database outage is noticed in seconds."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30})
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
-
-        return engine
-    connect_args: dict[str, object] = {}
-    if parsed.get_backend_name() == "mysql":
-        connect_args = {"connect_timeout": 5, "read_timeout": 15, "write_timeout": 15}
-    return create_engine(url, pool_pre_ping=True, pool_recycle=1800, connect_args=connect_args)
-
-
-@contextmanager
-def transaction(
-    engine: Engine, what: str, passthrough: Callable[[DBAPIError], bool] = lambda _: False
-) -> Iterator[Connection]:
-    """One transaction, the driver boundary of every database user: an
-    :class:`IntegrityError` (and what ``passthrough`` accepts) goes up as it is, any
-    other driver error becomes :class:`BackendUnavailable` naming ``what``."""
-    try:
-        with engine.begin() as conn:
-            yield conn
-    except IntegrityError:
-        raise
-    except DBAPIError as exc:
-        if passthrough(exc):
-            raise
-        raise BackendUnavailable(f"database: {what} failed: {exc.orig!r}") from exc
-    except SQLAlchemyError as exc:
-        raise BackendUnavailable(f"database: {what} failed: {exc}") from exc
-
-
-def _is_deadlock(exc: DBAPIError) -> bool:
-    args: tuple[object, ...] = tuple(getattr(exc.orig, "args", ()))
-    return len(args) > 0 and args[0] == MYSQL_DEADLOCK
-
-
 class SegmentStore:
     """Tags and segment allocation in ``leaf_alloc``."""
 
@@ -223,19 +134,14 @@ class SegmentStore:
 
     # -- schema -------------------------------------------------------------------------
 
-    def ddl(self) -> str:
-        name = "leaf_alloc.mysql.sql" if self.dialect == "mysql" else "leaf_alloc.sqlite.sql"
-        return (Path(__file__).parent / "sql" / name).read_text()
-
     def init_schema(self) -> bool:
         """Create ``leaf_alloc`` with Leaf's DDL unless it exists (True when created), and
         leafpool's own ``leafpool_snowflake_tag`` and ``leafpool_retired_tag``."""
         with self._tx("schema check") as conn:
-            snowflake_tag.create(conn, checkfirst=True)
-            retired_tag.create(conn, checkfirst=True)
+            self._ensure_own_tables(conn)
             if inspect(conn).has_table("leaf_alloc"):
                 return False
-            conn.execute(text(self.ddl()))
+            conn.execute(text(ddl_statement(self.dialect, "leaf_alloc")))
         log.info("leaf_alloc created (%s)", self.dialect)
         return True
 
@@ -275,7 +181,7 @@ class SegmentStore:
         SQLite serialises the two writers."""
         for attempt in range(3):
             try:
-                with transaction(self.engine, f"{tag}: {what}", _is_deadlock) as conn:
+                with transaction(self.engine, f"{tag}: {what}", is_deadlock) as conn:
                     body(conn)
                 return
             except IntegrityError as exc:
@@ -298,8 +204,8 @@ class SegmentStore:
     def _ensure_own_tables(self, conn: Connection) -> None:
         """leafpool's own tables exist even where leaf_alloc was created by Leaf's DDL."""
         if not getattr(self, "_own_tables", False):
-            snowflake_tag.create(conn, checkfirst=True)
-            retired_tag.create(conn, checkfirst=True)
+            for table in OWN_TABLES:
+                table.create(conn, checkfirst=True)
             self._own_tables = True
 
     # -- retired tags (G1 across a removal) ---------------------------------------------

@@ -124,7 +124,7 @@ def test_configs_and_data_volumes_are_mounted(
     assert "/usr/local/etc/redis/redis.conf" in services["redis"]["command"]
     mysql_mounts = _mounts(services["mysql"])
     init = Path(mysql_mounts["/docker-entrypoint-initdb.d"])
-    assert init == ROOT / "ops" / "sql" and list(init.glob("*.sql"))
+    assert init == ROOT / "leafpool" / "sql" / "mysql" and list(init.glob("*.sql"))
     named = set(resolved["volumes"])
     for name, path in [("mysql", "/var/lib/mysql"), ("redis", "/data"),
                        ("zookeeper", "/data"), ("snowflake-worker", "/var/lib/leafpool")]:

@@ -74,7 +74,7 @@ def rows(db: Engine) -> dict[int, dict[str, object]]:
 
 
 def test_shipped_ddl_is_the_one_the_registry_creates() -> None:
-    shipped = (ROOT / "ops" / "sql" / "leaf_workerid_alloc.sql").read_text()
+    shipped = (ROOT / "leafpool" / "sql" / "mysql" / "leaf_workerid_alloc.sql").read_text()
     statement = "\n".join(line for line in shipped.splitlines()
                           if not line.startswith("--")).strip().rstrip(";")
     assert " ".join(statement.split()) == " ".join(DDL.split())

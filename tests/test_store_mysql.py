@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from leafpool.db import ddl_statement
 from leafpool.errors import TagExists
 from leafpool.store import SegmentStore
 from tests import services
@@ -19,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_schema_is_leafs_ddl_and_shipped_under_ops(mysql_url: str) -> None:
     store = SegmentStore.from_url(mysql_url)
     assert store.init_schema() is True
-    shipped = (ROOT / "ops" / "sql" / "leaf_alloc.sql").read_text()
-    assert store.ddl() == shipped
+    shipped = (ROOT / "leafpool" / "sql" / "mysql" / "leaf_alloc.sql").read_text()
+    assert ddl_statement("mysql", "leaf_alloc") == shipped.strip().rstrip(";")
     with store.engine.connect() as conn:
         cols = {row[0]: row[1] for row in conn.execute(text("SHOW COLUMNS FROM leaf_alloc"))}
         ddl = conn.execute(text("SHOW CREATE TABLE leaf_alloc")).one()[1]
@@ -61,9 +62,12 @@ def test_one_name_cannot_be_added_in_both_modes_at_once(mysql_url: str, first_mo
 
     thread = threading.Thread(target=run)
     thread.start()
-    # the add either finished (unsafe: it did not see the other insert) or waits on its lock
+    # the add either finished (unsafe: it did not see the other insert) or waits on its
+    # lock. InnoDB refreshes INNODB_LOCK_WAITS at most every 100 ms and only when it was
+    # not read in the last 100 ms: polled faster, it would never show the wait.
     services.wait_until(lambda: bool(outcome) or _lock_waits(store) > 0, 30,
-                        "the add finished or waits for the other add's row lock")
+                        "the add finished or waits for the other add's row lock",
+                        interval=0.25)
     tx.commit()
     other.close()
     thread.join(30)

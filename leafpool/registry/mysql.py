@@ -1,5 +1,5 @@
 """Mode ``mysql``: worker IDs in the ``leaf_workerid_alloc`` table of NotFound9's Leaf
-fork (DDL unchanged, shipped as ``ops/sql/leaf_workerid_alloc.sql``), in the database of
+fork (DDL unchanged, ``leafpool/sql/mysql/leaf_workerid_alloc.sql``), in the database of
 ``LEAFPOOL_DATABASE_URL`` (MySQL or MariaDB).
 
 Columns, as we use them:
@@ -58,11 +58,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 
 from leafpool.config import Settings
+from leafpool.db import ddl_statement, make_engine, transaction
 from leafpool.errors import BackendUnavailable, ConfigurationError, WorkerIdUnavailable
 from leafpool.registry.base import BaseRegistry, Lease
 from leafpool.registry.cache import CacheRecord
 from leafpool.snowflake import MAX_WORKER_ID
-from leafpool.store import make_engine, transaction
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +71,7 @@ CLAIM_ATTEMPTS = 5
 MYSQL_DEADLOCK = {1205, 1213}  # lock wait timeout, deadlock: retry the claim
 
 #: NotFound9's DDL (columns, types and index unchanged), without its DROP TABLE.
-DDL = """CREATE TABLE IF NOT EXISTS `leaf_workerid_alloc` (
-  `id` bigint(20) NOT NULL AUTO_INCREMENT,
-  `ip` varchar(127) DEFAULT NULL,
-  `port` varchar(127) DEFAULT NULL,
-  `ip_port` varchar(127) NOT NULL,
-  `max_timestamp` bigint(20) DEFAULT NULL,
-  `create_time` timestamp NULL DEFAULT NULL,
-  `update_time` timestamp NULL DEFAULT NULL ON UPDATE CURRENT_TIMESTAMP,
-  PRIMARY KEY (`id`),
-  UNIQUE KEY `idx_ipport` (`ip_port`) USING BTREE
-) ENGINE=InnoDB AUTO_INCREMENT=0"""
+DDL = ddl_statement("mysql", "leaf_workerid_alloc")
 
 metadata = MetaData()
 workerid_alloc = Table(
