@@ -63,7 +63,8 @@ class Snapshot:
 
     @property
     def known(self) -> bool:
-        return bool(self.state)
+        """Registered: the state has a mode (a stray counter alone does not make a tag)."""
+        return "mode" in self.state
 
     @property
     def reserve_size(self) -> int:
@@ -113,7 +114,7 @@ def queue_want(pipe: Any, keys: Keys, tag: str) -> None:
 def register_scripts(client: Any) -> dict[str, Any]:
     """The scripts registered on ``client`` (sync or asyncio), by name."""
     return {name: client.register_script(scripts.source(name))
-            for name in ("push_ids", "append_reserve", "take_reserve", "push_fresh")}
+            for name in ("push_ids", "append_reserve", "take_reserve", "push_fresh", "record")}
 
 
 def take_result(tag: str, head: Range, count: int, code: int) -> list[int] | int:
@@ -132,6 +133,7 @@ class Pool:
         self._append = registered["append_reserve"]
         self._take = registered["take_reserve"]
         self._fresh = registered["push_fresh"]
+        self._record = registered["record"]
         self._ids_keys: dict[str, str] = {}
 
     def tag(self, tag: str) -> TagKeys:
@@ -238,16 +240,22 @@ class Pool:
 
     # -- state --------------------------------------------------------------------------
 
-    def record(self, tag: str, **fields: object) -> None:
-        if not fields:
-            return
+    def record(self, tag: str, counts: Mapping[str, int] | None = None,
+               **fields: object) -> bool:
+        """Set ``fields`` and add ``counts`` in the tag's state, only while the tag is
+        registered (False, nothing written, once it was dropped)."""
+        if not fields and not counts:
+            return True
+        args: list[str | int] = [len(fields)]
+        for name, value in fields.items():
+            args += [name, str(value)]
+        for name, by in (counts or {}).items():
+            args += [name, by]
         with redis_errors(f"{tag}: record"):
-            self.redis.hset(self.tag(tag).state,
-                            mapping={k: str(v) for k, v in fields.items()})
+            return bool(self._record(keys=[self.tag(tag).state], args=args))
 
-    def count(self, tag: str, name: str, by: int = 1) -> None:
-        with redis_errors(f"{tag}: count {name}"):
-            self.redis.hincrby(self.tag(tag).state, name, by)
+    def count(self, tag: str, name: str, by: int = 1) -> bool:
+        return self.record(tag, counts={name: by})
 
     def want(self, tag: str) -> None:
         """Record an empty-pool hit and ask the sweep for a refill of ``tag``."""

@@ -14,6 +14,7 @@ leaves the pool serving list + reserve while the task retries.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -101,31 +102,27 @@ class Refiller(ABC):
         if not lock.acquire():
             return RefillResult(tag, skipped="locked")
         with lock:
+            snap = self._ensure_known(tag)  # UnknownTag: nothing recorded (no keys made)
+            mode = snap.state.get("mode", "segment")
+            if mode != self.mode:
+                return RefillResult(tag, skipped=f"mode is {mode}")
             try:
-                snap = self._ensure_known(tag)
-                mode = snap.state.get("mode", "segment")
-                if mode != self.mode:
-                    return RefillResult(tag, skipped=f"mode is {mode}")
                 result = self._refill_locked(snap, lock, force)
             except LeafpoolError as exc:
                 self._record_failure(tag, exc)
                 raise
-            self.pool.record(tag, last_refill_ms=self._now_ms(),
+            self.pool.record(tag, counts={"refills": 1}, last_refill_ms=self._now_ms(),
                              last_refill_result=f"ok +{result.pushed}")
-            self.pool.count(tag, "refills")
         log.info("%s: refill %s", tag, result.summary())
         return result
 
     def _record_failure(self, tag: str, exc: LeafpoolError) -> None:
         level = logging.ERROR if isinstance(exc, CounterBehind) else logging.WARNING
         log.log(level, "%s: refill failed: %s", tag, exc)
-        try:
-            self.pool.record(tag, last_error=str(exc), last_error_ms=self._now_ms(),
-                             last_refill_ms=self._now_ms(),
+        with contextlib.suppress(BackendUnavailable):  # Redis down: the exception says so
+            self.pool.record(tag, counts={"refill_failures": 1}, last_error=str(exc),
+                             last_error_ms=self._now_ms(), last_refill_ms=self._now_ms(),
                              last_refill_result=f"failed: {type(exc).__name__}")
-            self.pool.count(tag, "refill_failures")
-        except BackendUnavailable:
-            pass  # Redis itself is down; the exception already says so
 
     def _measure(self, snap: Snapshot, pool_seconds: float) -> Measure:
         """Smooth the consumption rate and record it with the targets."""

@@ -9,7 +9,13 @@ import redis
 from sqlalchemy import text
 
 from leafpool.config import MAX_ID, Settings
-from leafpool.errors import BackendUnavailable, CounterBehind, SegmentExhausted, UnknownTag
+from leafpool.errors import (
+    BackendUnavailable,
+    CounterBehind,
+    SegmentExhausted,
+    StaleWrite,
+    UnknownTag,
+)
 from leafpool.lock import RefillLock
 from leafpool.pool import Pool
 from leafpool.refill import SegmentRefiller
@@ -215,3 +221,26 @@ def test_a_counter_that_went_back_under_live_keys_is_refused_without_advancing(
     snap = refiller.pool.snapshot("pay")
     assert snap.length == 0 and snap.int("refill_failures") == 2
     assert "SET max_id = 4001" in snap.state["last_error"]
+
+
+def test_a_refill_of_a_tag_dropped_meanwhile_leaves_no_key_behind(
+    refiller: SegmentRefiller, store: SegmentStore, r: redis.Redis
+) -> None:
+    """The tag sync drops a tag while its refill runs: the refill's writes are refused
+    and its records are not written, so no stray state hash outlives the tag."""
+    store.add_tag("order", step=1000)
+    push = refiller.pool.push
+
+    def dropped_first(*args: object, **kwargs: object) -> int:
+        refiller.pool.drop("order")
+        return push(*args, **kwargs)  # type: ignore[arg-type]
+
+    refiller.pool.push = dropped_first  # type: ignore[method-assign]
+    with pytest.raises(StaleWrite):
+        refiller.refill("order")
+    assert r.keys("leafpool:{order}:*") == []
+    refiller.pool.push = push  # type: ignore[method-assign]
+    with pytest.raises(UnknownTag):  # not in leaf_alloc any more either
+        store.remove_tag("order")
+        refiller.refill("order")
+    assert r.keys("leafpool:{order}:*") == []
