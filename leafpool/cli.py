@@ -277,13 +277,66 @@ def decode(
               f"sequence {d.sequence}", highlight=False)
 
 
+def _resolvable_host(host: str | None) -> str | None:
+    """``--host``: an address, or a name that resolves to one (else uvicorn would fail
+    only once started, with exit code 1)."""
+    if host is None:
+        return None
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        raise typer.BadParameter(
+            f"{host!r} is neither an IP address nor a host name that resolves ({exc}); "
+            "e.g. 127.0.0.1, 0.0.0.0, ::1 or localhost") from exc
+    return host
+
+
+def _int_in(low: int, high: int | None) -> Callable[[str | None], int | None]:
+    """A callback parsing an integer option, naming the value and the range it must be in."""
+    allowed = f"an integer from {low} to {high}" if high else f"an integer >= {low}"
+
+    def check(raw: str | None) -> int | None:
+        if raw is None:
+            return None
+        try:
+            value = int(raw)
+        except ValueError:
+            raise typer.BadParameter(f"{raw!r} is not {allowed}") from None
+        if value < low or (high is not None and value > high):
+            raise typer.BadParameter(f"{value} is not {allowed}")
+        return value
+
+    return check
+
+
 @app.command()
 @reports_errors
-def serve() -> None:
+def serve(
+    host: Annotated[str | None, typer.Option(
+        metavar="ADDRESS", callback=_resolvable_host,
+        help="Bind to this address, as uvicorn's --host (default: LEAFPOOL_HTTP_HOST, "
+             "else 127.0.0.1)")] = None,
+    port: Annotated[str | None, typer.Option(
+        metavar="PORT", callback=_int_in(1, 65535),
+        help="Bind to this port, as uvicorn's --port (default: LEAFPOOL_HTTP_PORT, "
+             "else 8080)")] = None,
+    workers: Annotated[str, typer.Option(
+        metavar="N", callback=_int_in(1, None),
+        help="Worker processes, as uvicorn's --workers; with more than one, each builds "
+             "the app from the environment (leafpool.http:app_from_env)")] = "1",
+) -> None:
     """Run the HTTP service (Leaf-compatible API, /cache, /metrics, /health)."""
     from leafpool.http import serve as run
 
-    run(get_settings())
+    # PORT and N are typed str so that the callbacks name a malformed value
+    overrides: dict[str, object] = {}
+    if host is not None:
+        overrides["http_host"] = host
+    if port is not None:
+        overrides["http_port"] = int(port)
+    run(get_settings().model_copy(update=overrides), workers=int(workers))
 
 
 @app.command()
