@@ -43,7 +43,7 @@ def test_every_script_includes_the_helper_once_and_opens_with_its_contract() -> 
         assert raw.startswith(f"-- {path.name}:"), path.name
         assert "local function gt" not in raw, f"{path.name} pastes the helper"
         source = scripts.source(path.stem)
-        assert source.count("local function gt(") == 1, path.name
+        assert source.count("local function gt(") == (1 if "gt(" in raw else 0), path.name
         assert not scripts._INCLUDE.search(source), path.name
 
 
