@@ -18,7 +18,7 @@ from leafpool.config import load_settings
 from leafpool.runtime import Runtime
 from leafpool.store import SegmentStore
 from tests import services
-from tests.proc import leafpool_env, read_ids, role
+from tests.proc import Proc, leafpool_env, read_ids, role
 
 pytestmark = pytest.mark.slow
 
@@ -42,30 +42,31 @@ def test_concurrent_refillers_killed_at_random_never_repeat_an_id(
                        pool_floor=3000, pool_ceiling=3000, lock_ttl_ms=300,
                        reserve_seconds=1)
     refillers = [role("refiller", "order", env=env) for _ in range(3)]
-    outs = [tmp_path / f"pop{i}.txt" for i in range(2)]
-    poppers = [role("popper", "order", str(out), "40000", env=env) for out in outs]
     rng = random.Random(7)
-    kills = 0
+    outs: list[Path] = []
+    poppers: list[Proc] = []
     try:
-        deadline = time.monotonic() + 240
-        next_kill_at = 4000
-        while any(p.alive() for p in poppers):
-            assert time.monotonic() < deadline, "poppers did not finish"
-            total = sum(len(x) for x in read_ids(*outs))
-            if total >= next_kill_at:  # kill one refiller every 4,000 IDs served
-                victim = rng.randrange(len(refillers))
-                refillers[victim].kill()
-                refillers[victim] = role("refiller", "order", env=env)
-                kills += 1
-                next_kill_at += 4000
-            time.sleep(0.05)  # polling the poppers' progress, not waiting on a race
+        # 20 rounds of 2 clients x 2,000 IDs; in each round one refiller is SIGKILLed once
+        # the clients are half way (or, if they were quicker, when they are done)
+        for round_no in range(20):
+            round_outs = [tmp_path / f"pop{round_no}-{i}.txt" for i in range(2)]
+            outs += round_outs
+            poppers = [role("popper", "order", str(out), "2000", env=env) for out in round_outs]
+            wait_for(lambda ro=round_outs: sum(map(len, read_ids(*ro))) >= 2000,  # type: ignore[misc]
+                     120, "half a round popped")
+            victim = rng.randrange(len(refillers))
+            refillers[victim].kill()
+            refillers[victim] = role("refiller", "order", env=env)
+            wait_for(lambda ps=poppers: not any(p.alive() for p in ps),  # type: ignore[misc]
+                     120, "the round's clients done")
     finally:
         for p in refillers + poppers:
             p.kill()
     per_client = read_ids(*outs)
     assert sum(map(len, per_client)) == 80_000
-    assert kills >= 10
     assert_unique_and_ordered(per_client)
+    rounds = [sorted(a + b) for a, b in zip(per_client[::2], per_client[1::2], strict=True)]
+    assert_unique_and_ordered([[i for r in rounds for i in r]])  # one pool: rounds in order
     assert max(max(ids) for ids in per_client) < store.get_tag("order").max_id
 
 
@@ -81,9 +82,8 @@ def test_a_refiller_killed_at_a_write_leaves_a_gap_at_most(
     victim.wait_line(f"AT {crash_at}", 60)
     victim.kill()
     max_before_recovery = store.get_tag("order").max_id
-    assert r.exists("leafpool:{order}:lock")  # it died holding the lock
     rt = Runtime(load_settings(**values))  # type: ignore[arg-type]
-    # the lock expires on its own (TTL 500 ms); poll for it rather than sleeping
+    # it died holding the lock, which expires on its own (TTL 500 ms): poll for that
     wait_for(lambda: not r.exists("leafpool:{order}:lock"), 10, "lock expiry")
     rt.refiller.refill("order", force=True)
     popped = [int(x) for x in r.lpop("leafpool:{order}:ids", 100_000)]

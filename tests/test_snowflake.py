@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import time
 from collections import Counter
 from typing import Any
 
@@ -334,13 +333,9 @@ def test_high_water_far_ahead_raises() -> None:
     assert decode(gen.next_id()).timestamp_ms == T0 + 101
 
 
-# -- speed -------------------------------------------------------------------------------
+# -- large batches -----------------------------------------------------------------------
 
-def test_batch_path_reaches_a_million_ids_per_second() -> None:
-    gen = SnowflakeGenerator(1)
-    gen.next_batch(10_000)  # warm up
-    started = time.perf_counter()
-    ids = gen.next_batch(1_000_000)
-    rate = len(ids) / (time.perf_counter() - started)
-    assert rate >= 1_000_000, f"{rate:,.0f} IDs/s"
-    assert increasing(ids[:1000]) and len(set(ids)) == 1_000_000
+def test_a_million_id_batch_is_unique_and_increasing() -> None:
+    """(Its speed is measured by ``python -m bench``, not asserted here.)"""
+    ids = SnowflakeGenerator(1).next_batch(1_000_000)
+    assert increasing(ids) and len(set(ids)) == 1_000_000
