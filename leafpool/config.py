@@ -236,7 +236,7 @@ class Settings(BaseSettings):
     broker_url: str = ""
     key_prefix: str = "leafpool"
 
-    # pool sizing (design.md section 3); rate x seconds must stay a sane integer
+    # pool sizing (docs/design.md §3); rate x seconds must stay a sane integer
     pool_seconds: float = Field(30.0, gt=0, le=DAY)
     pool_floor: int = Field(2_000, ge=1)
     pool_ceiling: int = Field(1_000_000, ge=1, le=100_000_000)
@@ -264,7 +264,7 @@ class Settings(BaseSettings):
     empty_policy: Literal["raise", "wait", "reserve"] = "wait"
     empty_wait_seconds: float = Field(2.0, ge=0, le=5 * MINUTE)
 
-    # snowflake (design.md section 4)
+    # snowflake (docs/design.md §8)
     snowflake_mode: Literal["zk", "zk_recycle", "mysql", "local"] | None = None
     zk_hosts: str = ""
     snowflake_name: str = "leafpool"

@@ -1,4 +1,4 @@
-"""The segment refill protocol (design.md section 3), one refiller per tag at a time.
+"""The segment refill protocol (docs/design.md §3), one refiller per tag at a time.
 
 1. measure consumption (``pushed_total - LLEN ids``) and smooth the rate;
 2. pool target = rate x pool seconds within floor and ceiling; low-water = a ratio of it;

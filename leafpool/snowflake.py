@@ -1,4 +1,4 @@
-"""Snowflake IDs: the generator and the decoder (design.md section 4, guarantee G4).
+"""Snowflake IDs: the generator and the decoder (docs/design.md §8, guarantee G4).
 
 Layout of an ID (a non-negative signed 64-bit integer)::
 

@@ -1,5 +1,5 @@
 """Snowflake pools: a refiller that fills a tag's list with IDs from this process's
-:class:`~leafpool.registry.LeasedGenerator` (design.md section 4, G4).
+:class:`~leafpool.registry.LeasedGenerator` (docs/design.md §8, G4).
 
 Batches are a few seconds of demand (``LEAFPOOL_SNOWFLAKE_BATCH_SECONDS``): a pooled
 snowflake ID carries its generation time. The generator records the worker ID's

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from leafpool.config import Settings
@@ -28,3 +29,17 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one() -> None:
     assert first_block[1:] == ["./dev up", "./dev test"]
     ci = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text()
     assert ci.strip().splitlines()[-1] == "exec ./dev test"
+
+
+def test_the_design_document_is_in_the_repository_and_every_citation_resolves() -> None:
+    root = Path(__file__).resolve().parent.parent
+    design = (root / "docs" / "design.md").read_text()
+    sections = set(re.findall(r"^## (\d+)\. ", design, re.MULTILINE))
+    cited: list[tuple[str, str]] = []
+    for path in [*root.glob("leafpool/**/*.py"), *root.glob("leafpool/**/*.lua"),
+                 *root.glob("workers/*.py"), *root.glob("ops/**/*.conf")]:
+        text = path.read_text()
+        assert not re.search(r"(?<!docs/)design\.md", text), f"{path}: cite docs/design.md"
+        cited += [(str(path), n) for n in re.findall(r"docs/design\.md §(\d+)", text)]
+    assert cited, "the code points to its design"
+    assert [c for c in cited if c[1] not in sections] == []

@@ -1,4 +1,4 @@
-"""Snowflake worker-ID registries (design.md section 4), chosen by
+"""Snowflake worker-ID registries (docs/design.md §8), chosen by
 ``LEAFPOOL_SNOWFLAKE_MODE``:
 
 =============  ============================================================  ==========
