@@ -113,7 +113,10 @@ def redis_server(config: Path | None = None, extra_args: list[str] | None = None
         raise NotInstalled("redis-server")
     port = free_port()
     datadir = _tmpdir("redis")
-    conf = config or ROOT / "ops" / "redis" / "redis.conf"
+    # a copy in the server's own directory: CONFIG REWRITE (run by Sentinel on a failover,
+    # or by a test) must never write into the shipped file
+    conf = datadir / "redis.conf"
+    shutil.copyfile(config or ROOT / "ops" / "redis" / "redis.conf", conf)
     argv = [binary, str(conf), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(datadir),
             "--daemonize", "no", "--save", "", "--logfile", ""]
     argv += extra_args or []

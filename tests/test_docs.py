@@ -43,3 +43,9 @@ def test_the_design_document_is_in_the_repository_and_every_citation_resolves() 
         cited += [(str(path), n) for n in re.findall(r"docs/design\.md §(\d+)", text)]
     assert cited, "the code points to its design"
     assert [c for c in cited if c[1] not in sections] == []
+
+
+def test_the_shipped_redis_config_is_the_shipped_one() -> None:
+    """Test servers run copies of it: a CONFIG REWRITE must never land in the repository."""
+    conf = (Path(__file__).resolve().parent.parent / "ops" / "redis" / "redis.conf").read_text()
+    assert "CONFIG REWRITE" not in conf and "\nport " not in conf and "replicaof" not in conf
