@@ -2,7 +2,8 @@
 
 :class:`PoolCollector` is a custom collector: it holds no counters of its own; each
 scrape reads every tag's keys (one pipelined round trip, :meth:`Pool.snapshots`) and
-turns the state hash into metric families. The counters (refills, failures, empty-pool
+turns each tag's :class:`~leafpool.status.TagStatus` (the one parsed shape of a tag's
+state) into metric families. The counters (refills, failures, empty-pool
 hits, ...) are the ones the refillers and clients keep in ``leafpool:{TAG}:state``, so
 they are shared by every process and survive a restart of the HTTP service.
 
@@ -24,87 +25,81 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from leafpool.errors import LeafpoolError
-from leafpool.pool import Pool, Snapshot
-from leafpool.status import tag_status
+from leafpool.pool import Pool
+from leafpool.status import TagStatus, pool_status
 
 log = logging.getLogger(__name__)
 
 LABELS = ["tag", "mode"]
+MODES = ("segment", "snowflake")
 
-# (metric name, help, TagStatus/state reader) for the per-tag gauges
-_GAUGES: list[tuple[str, str, Callable[[Snapshot], float | None]]] = [
+Reader = Callable[[TagStatus], float | None]
+
+
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000
+
+
+def _positive(value: float) -> float | None:
+    return float(value) if value else None  # 0: not measured yet
+
+
+# (metric name, help, reader of TagStatus) for the per-tag gauges; None: not exported
+_GAUGES: list[tuple[str, str, Reader]] = [
     ("leafpool_pool_ids", "IDs ready in the list (LLEN leafpool:{TAG}:ids)",
      lambda s: float(s.length)),
     ("leafpool_pool_target_ids", "Pool target: consumption rate x LEAFPOOL_POOL_SECONDS, "
-     "within floor and ceiling", lambda s: _opt(s, "target")),
+     "within floor and ceiling", lambda s: _positive(s.target)),
     ("leafpool_pool_low_water_ids", "A refill starts when the list is below this",
-     lambda s: _opt(s, "low_water")),
+     lambda s: _positive(s.low_water)),
     ("leafpool_pool_reserve_ids", "IDs allocated from the database, not yet pushed "
      "(segment mode)", lambda s: float(s.reserve_size)),
     ("leafpool_pool_reserve_ranges", "Ranges in the reserve list",
      lambda s: float(len(s.reserve))),
     ("leafpool_pool_pops_per_second", "Smoothed consumption rate, IDs/s",
-     lambda s: s.float("rate")),
+     lambda s: s.rate),
+    ("leafpool_pool_seconds_left",
+     "Seconds until list + reserve run out at the current rate (absent at rate 0)",
+     lambda s: s.seconds_left),
     ("leafpool_pool_step", "Current segment step (dynamic, Leaf's rule)",
-     lambda s: _opt(s, "step")),
+     lambda s: _positive(s.step)),
     ("leafpool_pool_max_id", "max_id of the tag's last segment (leaf_alloc.max_id)",
-     lambda s: _opt(s, "max_id")),
+     lambda s: None if s.max_id is None else float(s.max_id)),
     ("leafpool_pool_refill_locked", "1 while a refiller holds the tag's lock",
      lambda s: 1.0 if s.locked else 0.0),
     ("leafpool_pool_last_refill_timestamp_seconds", "Unix time of the last refill",
-     lambda s: _scaled(s, "last_refill_ms")),
+     lambda s: _seconds(s.last_refill_ms)),
     ("leafpool_pool_last_error_timestamp_seconds", "Unix time of the last refill error",
-     lambda s: _scaled(s, "last_error_ms")),
+     lambda s: _seconds(s.last_error_ms)),
     ("leafpool_db_alloc_last_seconds", "Duration of the last database allocation "
-     "(UPDATE max_id + SELECT, one transaction)", lambda s: _scaled(s, "last_alloc_ms")),
+     "(UPDATE max_id + SELECT, one transaction)", lambda s: _seconds(s.last_alloc_ms)),
     ("leafpool_snowflake_last_clock_backwards_timestamp_seconds",
      "Unix time of the last clock-backwards event of a generator filling the tag",
-     lambda s: _scaled(s, "last_backwards_ms")),
+     lambda s: _seconds(s.last_backwards_ms)),
     ("leafpool_snowflake_last_clock_backwards_offset_seconds",
      "How far the clock moved back in the last clock-backwards event",
-     lambda s: _scaled(s, "last_backwards_offset_ms")),
+     lambda s: _seconds(s.last_backwards_offset_ms)),
     ("leafpool_snowflake_worker_ids", "Snowflake worker IDs that have refilled the tag",
-     lambda s: _worker_count(s)),
+     lambda s: float(len(s.worker_ids)) if s.mode == "snowflake" else None),
     ("leafpool_snowflake_time_bits_years_left", "Years until the 41 time bits of the "
      "generator that last filled the tag run out (LEAFPOOL_SNOWFLAKE_EPOCH)",
-     lambda s: _opt(s, "time_bits_years_left")),
+     lambda s: s.time_bits_years_left),
 ]
 
-# (metric name without _total, help, state field) for the per-tag counters
-_COUNTERS: list[tuple[str, str, str]] = [
-    ("leafpool_pool_pushed_ids", "IDs pushed into the list", "pushed_total"),
-    ("leafpool_pool_refills", "Refills that completed", "refills"),
+# (metric name without _total, help, TagStatus counter, the modes that keep it)
+_COUNTERS: list[tuple[str, str, str, tuple[str, ...]]] = [
+    ("leafpool_pool_pushed_ids", "IDs pushed into the list", "pushed_total", MODES),
+    ("leafpool_pool_refills", "Refills that completed", "refills", MODES),
     ("leafpool_pool_refill_failures", "Refills that failed (backend down, stale write, "
-     "exhausted)", "refill_failures"),
-    ("leafpool_pool_empty_hits", "Times a client found the list empty", "empty_hits"),
+     "exhausted)", "refill_failures", MODES),
+    ("leafpool_pool_empty_hits", "Times a client found the list empty", "empty_hits", MODES),
     ("leafpool_pool_reserve_takes", "IDs clients took straight from the reserve "
-     "(empty-pool policy 'reserve')", "reserve_takes"),
-    ("leafpool_db_allocations", "Segments allocated from the database", "allocations"),
+     "(empty-pool policy 'reserve')", "reserve_takes", ("segment",)),
+    ("leafpool_db_allocations", "Segments allocated from the database", "allocations",
+     ("segment",)),
     ("leafpool_snowflake_clock_backwards", "Clock-backwards events of the generators "
-     "filling the tag", "backwards_events"),
+     "filling the tag", "backwards_events", ("snowflake",)),
 ]
-
-
-def _opt(snap: Snapshot, name: str) -> float | None:
-    value = snap.state.get(name)
-    if value in (None, ""):
-        return None
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except ValueError:
-        return None
-
-
-def _scaled(snap: Snapshot, name: str, factor: float = 1000.0) -> float | None:
-    value = _opt(snap, name)
-    return None if value is None else value / factor
-
-
-def _worker_count(snap: Snapshot) -> float | None:
-    raw = snap.state.get("worker_ids")
-    if raw is None:
-        return None
-    return float(len([w for w in raw.split(",") if w.strip()]))
 
 
 class PoolCollector(Collector):
@@ -122,7 +117,7 @@ class PoolCollector(Collector):
         started = self._clock()
         up = GaugeMetricFamily("leafpool_up", "1 when Redis answered this scrape")
         try:
-            snaps = self.pool.snapshots(self.pool.tags())
+            statuses = pool_status(self.pool)
         except LeafpoolError as exc:
             log.warning("metrics: cannot read the pools: %s", exc)
             up.add_metric([], 0.0)
@@ -130,17 +125,16 @@ class PoolCollector(Collector):
             return
         up.add_metric([], 1.0)
         yield up
-        yield from self._families(snaps)
+        yield from self._families(statuses)
         took = GaugeMetricFamily("leafpool_scrape_duration_seconds",
                                  "Time this scrape spent reading the pools from Redis")
         took.add_metric([], self._clock() - started)
         yield took
 
-    def _families(self, snaps: list[Snapshot]) -> Iterator[Metric]:
+    def _families(self, statuses: list[TagStatus]) -> Iterator[Metric]:
         modes: dict[str, int] = {}
-        for snap in snaps:
-            mode = snap.state.get("mode", "unknown")
-            modes[mode] = modes.get(mode, 0) + 1
+        for st in statuses:
+            modes[st.mode] = modes.get(st.mode, 0) + 1
         tags = GaugeMetricFamily("leafpool_tags", "Tags known to the pool, by mode",
                                  labels=["mode"])
         for mode, n in sorted(modes.items()):
@@ -149,37 +143,26 @@ class PoolCollector(Collector):
 
         for name, doc, read in _GAUGES:
             family = GaugeMetricFamily(name, doc, labels=LABELS)
-            for snap in snaps:
-                value = read(snap)
+            for st in statuses:
+                value = read(st)
                 if value is not None:
-                    family.add_metric(_labels(snap), value)
+                    family.add_metric([st.tag, st.mode], value)
             yield family
 
-        left = GaugeMetricFamily(
-            "leafpool_pool_seconds_left",
-            "Seconds until list + reserve run out at the current rate (absent at rate 0)",
-            labels=LABELS)
-        for snap in snaps:
-            status = tag_status(snap)
-            if status.seconds_left is not None:
-                left.add_metric(_labels(snap), status.seconds_left)
-        yield left
-
-        for name, doc, field in _COUNTERS:
+        for name, doc, attr, kept_by in _COUNTERS:
             counter = CounterMetricFamily(name, doc, labels=LABELS)
-            for snap in snaps:
-                if field in snap.state:
-                    counter.add_metric(_labels(snap), float(snap.int(field)))
+            for st in statuses:
+                if st.mode in kept_by:
+                    counter.add_metric([st.tag, st.mode], float(getattr(st, attr)))
             yield counter
 
         lease = GaugeMetricFamily(
             "leafpool_snowflake_lease_state",
             "Worker-ID lease state reported by the generators filling the tag (1 = current)",
             labels=[*LABELS, "state"])
-        for snap in snaps:
-            state = snap.state.get("lease_state")
-            if state:
-                lease.add_metric([*_labels(snap), state], 1.0)
+        for st in statuses:
+            if st.lease_state:
+                lease.add_metric([st.tag, st.mode, st.lease_state], 1.0)
         yield lease
 
 
@@ -187,8 +170,8 @@ class PoolCollector(Collector):
 # Grafana dashboard and the README use these names, and a test keeps them in step
 POOL_METRICS: tuple[str, ...] = (
     "leafpool_up", "leafpool_tags", "leafpool_scrape_duration_seconds",
-    "leafpool_pool_seconds_left", "leafpool_snowflake_lease_state",
-    *(name for name, _, _ in _GAUGES), *(name for name, _, _ in _COUNTERS),
+    "leafpool_snowflake_lease_state",
+    *(name for name, _, _ in _GAUGES), *(name for name, _, _, _ in _COUNTERS),
 )
 HTTP_METRICS: tuple[str, ...] = ("leafpool_http_requests", "leafpool_http_request_duration_seconds")
 METRIC_NAMES = POOL_METRICS + HTTP_METRICS
@@ -213,10 +196,6 @@ def http_metrics(registry: CollectorRegistry) -> HttpMetrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                      2.5, 5.0)),
     )
-
-
-def _labels(snap: Snapshot) -> list[str]:
-    return [snap.tag, snap.state.get("mode", "unknown")]
 
 
 def make_registry(pool: Pool) -> CollectorRegistry:

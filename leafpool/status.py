@@ -1,5 +1,5 @@
-"""Per-tag status, read from Redis: what ``leafpool status``, the status page and the
-metrics show."""
+"""Per-tag status, read from Redis: :class:`TagStatus` is the one parsed shape of a
+tag's keys, and what ``leafpool status``, the status page and the metrics show."""
 
 from __future__ import annotations
 
@@ -34,12 +34,16 @@ class TagStatus:
     refill_failures: int
     locked: bool
     hwm: str
+    # segment tags: database allocations
+    allocations: int = 0
+    last_alloc_ms: float | None = None
     # snowflake tags
     worker_ids: list[str] = field(default_factory=list)
     lease_state: str = ""
     backwards_events: int = 0
     last_backwards_ms: int | None = None
     last_backwards_offset_ms: int | None = None
+    time_bits_years_left: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -47,6 +51,13 @@ class TagStatus:
 
 def _opt_int(snap: Snapshot, name: str) -> int | None:
     return snap.int(name) if snap.state.get(name) else None
+
+
+def _opt_float(snap: Snapshot, name: str) -> float | None:
+    try:
+        return float(snap.state[name]) if snap.state.get(name) else None
+    except ValueError:
+        return None
 
 
 def tag_status(snap: Snapshot) -> TagStatus:
@@ -75,11 +86,14 @@ def tag_status(snap: Snapshot) -> TagStatus:
         refill_failures=snap.int("refill_failures"),
         locked=snap.locked,
         hwm=snap.state.get("hwm", ""),
+        allocations=snap.int("allocations"),
+        last_alloc_ms=_opt_float(snap, "last_alloc_ms"),
         worker_ids=[w for w in snap.state.get("worker_ids", "").split(",") if w],
         lease_state=snap.state.get("lease_state", ""),
         backwards_events=snap.int("backwards_events"),
         last_backwards_ms=_opt_int(snap, "last_backwards_ms"),
         last_backwards_offset_ms=_opt_int(snap, "last_backwards_offset_ms"),
+        time_bits_years_left=_opt_float(snap, "time_bits_years_left"),
     )
 
 
