@@ -27,10 +27,9 @@ from leafpool.errors import (
     TagExists,
     UnknownTag,
 )
-from leafpool.refill import pool_floor
 from leafpool.runtime import Runtime
 from leafpool.status import age, pool_status
-from leafpool.tags import validate_tag
+from leafpool.tags import register, validate_tag
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="leafpool: distributed IDs from pre-generated Redis pools.")
@@ -80,10 +79,10 @@ def db_init() -> None:
 
 # -- tags -----------------------------------------------------------------------------
 
-def _register(rt: Runtime, tag: str, mode: str, **fields: object) -> None:
+def _register(rt: Runtime, tag: str, mode: str, table_step: int | None = None) -> None:
     """Tell the pool at once; if Redis is down the beat's tag sync does it later."""
     try:
-        rt.pool.register(tag, mode, int(time.time() * 1000), **fields)
+        register(rt.pool, tag, mode, table_step)
     except LeafpoolError as exc:
         err.print(f"warning: {tag}: not registered in Redis now ({exc}); "
                   "the tag sync will pick it up", highlight=False)
@@ -115,7 +114,7 @@ def tag_add(
     if step is None:
         raise InvalidArgument("step", None, "required for segment tags: 1 to 1,000,000")
     row = rt.store.add_tag(tag, step, start, description)
-    _register(rt, tag, "segment", table_step=step)
+    _register(rt, tag, "segment", step)
     resumed = " (a removed tag of this name stopped there)" if start is None and \
         row.max_id > 1 else ""
     out.print(f"{tag}: added (step {step}, first ID {row.max_id}{resumed})")
@@ -161,7 +160,7 @@ def tag_remove(tag: str) -> None:
     rt = _runtime()
     if not rt.store.remove_snowflake_tag(tag):
         try:  # the database's max_id covers every ID the pool holds, unless the row was
-            mark = pool_floor(rt.pool.snapshot(tag))  # re-created lower by hand
+            mark = rt.pool.snapshot(tag).floor  # re-created lower by hand
         except LeafpoolError as exc:
             mark = 0
             err.print(f"warning: {tag}: the pool's mark cannot be read ({exc}); keeping the "

@@ -48,6 +48,7 @@ from leafpool.children import die_with_parent
 from leafpool.config import Settings, default_home
 from leafpool.errors import BackendUnavailable, TagExists
 from leafpool.runtime import Runtime
+from leafpool.tags import register
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +190,8 @@ class Embedded:
             rt.store.add_tag(tag, step=1000, description="leafpool demo tag")
         with contextlib.suppress(TagExists):
             rt.store.add_snowflake_tag(flake, description="leafpool demo snowflake tag")
-        now_ms = int(time.time() * 1000)
-        rt.pool.register(tag, "segment", now_ms, table_step=1000)
-        rt.pool.register(flake, "snowflake", now_ms)
+        register(rt.pool, tag, "segment", 1000)
+        register(rt.pool, flake, "snowflake")
 
     # -- stop ---------------------------------------------------------------------------
 

@@ -70,6 +70,14 @@ class Snapshot:
     def reserve_size(self) -> int:
         return sum(r.size for r in self.reserve)
 
+    @property
+    def floor(self) -> int:
+        """The first ID the pool may still take from the database: above everything it
+        allocated (``max_id``, the reserve) and handed out (``hwm``)."""
+        hwm = self.state.get("hwm")
+        ends = [self.int("max_id"), int(hwm) + 1 if hwm else 0]
+        return max([*ends, *(r.end for r in self.reserve)])
+
     def int(self, name: str, default: int = 0) -> int:
         value = self.state.get(name)
         return int(value) if value not in (None, "") else default

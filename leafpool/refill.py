@@ -29,6 +29,7 @@ from leafpool.lock import RefillLock
 from leafpool.pool import Pool, Range, Snapshot
 from leafpool.step import pool_target, smooth_rate
 from leafpool.store import SegmentStore, StepRule
+from leafpool.tags import register
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ class SegmentRefiller(Refiller):
         if snap.known:
             return snap
         row = self.store.get_tag(tag)  # raises UnknownTag when not in leaf_alloc either
-        self.pool.register(tag, "segment", self._now_ms(), table_step=row.step)
+        register(self.pool, tag, "segment", row.step, self._clock)
         return self.pool.snapshot(tag)
 
     def _refill_locked(self, snap: Snapshot, lock: RefillLock, force: bool) -> RefillResult:
@@ -248,15 +249,6 @@ class SegmentRefiller(Refiller):
         return lasted
 
 
-def pool_floor(snap: Snapshot) -> int:
-    """The first ID the pool may still take from the database: above everything it
-    allocated (``max_id``, the reserve) and handed out (``hwm``)."""
-    hwm = snap.state.get("hwm")
-    ends = [snap.int("max_id"), int(hwm) + 1 if hwm else 0]
-    ends += [r.end for r in snap.reserve]
-    return max(ends)
-
-
 class _Allocator:
     """Takes segments from the database for one refill, with the dynamic step: the first
     allocation applies the last consumed segment's lifetime, later ones keep that step
@@ -269,7 +261,7 @@ class _Allocator:
         self.lock = lock
         self.step = snap.int("step")
         self.lasted = lasted
-        self.floor = pool_floor(snap)
+        self.floor = snap.floor
         self.result = result
         self.count = 0
 

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from leafpool.pool import Pool
-from leafpool.refill import pool_floor
 from leafpool.store import SegmentStore
+from leafpool.tags import register
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +48,11 @@ def sync_tags(
     rows = store.list_tags()  # raises BackendUnavailable: then nothing is removed
     snowflakes = set(store.list_snowflake_tags())
     in_db = {r.tag: r for r in rows}
-    now_ms = int(clock() * 1000)
     result = SyncResult(total=len(in_db) + len(snowflakes))
     for tag, row in in_db.items():
         snap = snaps.get(tag)
         if snap is None or not snap.known:
-            pool.register(tag, "segment", now_ms, table_step=row.step)
+            register(pool, tag, "segment", row.step, clock)
             result.added.append(tag)
             log.info("%s: tag found in leaf_alloc, pool registered", tag)
         elif snap.state.get("table_step") != str(row.step):
@@ -61,7 +60,7 @@ def sync_tags(
     for tag in sorted(snowflakes - set(in_db)):
         snap = snaps.get(tag)
         if snap is None or not snap.known:
-            pool.register(tag, "snowflake", now_ms)
+            register(pool, tag, "snowflake", wall=clock)
             result.added.append(tag)
             log.info("%s: snowflake tag registered", tag)
     for tag in known:
@@ -70,8 +69,8 @@ def sync_tags(
         gone = tag not in in_db if mode == "segment" else tag not in snowflakes
         if not gone:
             continue
-        if mode == "segment" and pool_floor(snap) > 0:
-            kept = store.retire(tag, pool_floor(snap))
+        if mode == "segment" and snap.floor > 0:
+            kept = store.retire(tag, snap.floor)
             log.info("%s: removed segment tag's mark %d kept in the database", tag, kept)
         if pool.drop(tag, if_created_ms=snap.state.get("created_ms", "")):
             result.removed.append(tag)

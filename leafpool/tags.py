@@ -1,4 +1,5 @@
-"""Tag names: the one place that says what a valid ``biz_tag`` is.
+"""Tags: the one place that says what a valid ``biz_tag`` is, and the one place a tag
+of the database is registered with the pool.
 
 Allowed: 1 to 128 characters (Leaf's ``biz_tag varchar(128)``) from ``A-Z a-z 0-9 _ . -``.
 Braces, colons and spaces are refused because they would break the Redis key layout
@@ -8,8 +9,14 @@ Braces, colons and spaces are refused because they would break the Redis key lay
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from leafpool.errors import InvalidTag
+
+if TYPE_CHECKING:
+    from leafpool.pool import Pool
 
 MAX_TAG_LENGTH = 128
 TAG_CHARS = "A-Z a-z 0-9 _ . -"
@@ -30,3 +37,15 @@ def validate_tag(tag: str) -> str:
             "tag", tag, f"contains {''.join(bad)!r}; allowed characters are {TAG_CHARS}"
         )
     return tag
+
+
+def register(pool: Pool, tag: str, mode: str, table_step: int | None = None,
+             wall: Callable[[], float] = time.time) -> bool:
+    """Make a tag of the database known to the pool (True when it was new; existing state
+    is kept). Every registration goes through here: the tag sync, a refill of a tag not
+    registered yet, ``leafpool tag add`` and ``leafpool up``. A segment tag carries its
+    table's step (the floor of the dynamic step)."""
+    fields: dict[str, object] = {}
+    if mode == "segment" and table_step is not None:
+        fields["table_step"] = table_step
+    return pool.register(tag, mode, int(wall() * 1000), **fields)

@@ -11,7 +11,7 @@ from sqlalchemy import text
 from leafpool.config import Settings
 from leafpool.errors import CounterBehind, TagExists
 from leafpool.pool import Pool
-from leafpool.refill import SegmentRefiller, pool_floor
+from leafpool.refill import SegmentRefiller
 from leafpool.store import SegmentStore, TagRow
 from leafpool.sync import sweep, sync_tags
 
@@ -137,7 +137,7 @@ def test_a_row_deleted_by_hand_keeps_its_mark_for_a_row_inserted_again(
     refiller.refill("pay")
     handed_out = [int(x) for x in r.lpop("leafpool:{pay}:ids", 3)]  # type: ignore[union-attr]
     assert handed_out == [1, 2, 3]
-    mark = pool_floor(pool.snapshot("pay"))
+    mark = pool.snapshot("pay").floor
     with store.engine.begin() as conn:
         conn.execute(text("DELETE FROM leaf_alloc WHERE biz_tag = 'pay'"))
     assert sync_tags(pool, store).removed == ["pay"]
