@@ -106,15 +106,16 @@ class PoolCollector(Collector):
     """Reads every tag's keys on each scrape. ``pool`` uses a synchronous Redis client:
     run :func:`render` in a thread when serving from an event loop."""
 
-    def __init__(self, pool: Pool, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, pool: Pool,
+                 perf_counter: Callable[[], float] = time.perf_counter) -> None:
         self.pool = pool
-        self._clock = clock
+        self._perf_counter = perf_counter
 
     def describe(self) -> Iterable[Metric]:
         return []  # names depend on what the scrape finds; no collect() at registration
 
     def collect(self) -> Iterator[Metric]:
-        started = self._clock()
+        started = self._perf_counter()
         up = GaugeMetricFamily("leafpool_up", "1 when Redis answered this scrape")
         try:
             statuses = pool_status(self.pool)
@@ -128,7 +129,7 @@ class PoolCollector(Collector):
         yield from self._families(statuses)
         took = GaugeMetricFamily("leafpool_scrape_duration_seconds",
                                  "Time this scrape spent reading the pools from Redis")
-        took.add_metric([], self._clock() - started)
+        took.add_metric([], self._perf_counter() - started)
         yield took
 
     def _families(self, statuses: list[TagStatus]) -> Iterator[Metric]:

@@ -82,16 +82,18 @@ class Refiller(ABC):
         self,
         pool: Pool,
         settings: Settings,
-        clock: Callable[[], float] = time.time,
+        wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``wall``: seconds since the epoch (recorded times, rates); ``monotonic``:
+        seconds for intervals (the lock's extension)."""
         self.pool = pool
         self.settings = settings
-        self._clock = clock
+        self._wall = wall
         self._monotonic = monotonic
 
     def _now_ms(self) -> int:
-        return int(self._clock() * 1000)
+        return int(self._wall() * 1000)
 
     def refill(self, tag: str, force: bool = False) -> RefillResult:
         """Refill ``tag`` if it is below its low-water mark (or not full, with ``force``).
@@ -128,7 +130,7 @@ class Refiller(ABC):
     def _measure(self, snap: Snapshot, pool_seconds: float) -> Measure:
         """Smooth the consumption rate and record it with the targets."""
         s = self.settings
-        now = self._clock()
+        now = self._wall()
         consumed_total = snap.int("pushed_total") - snap.length
         rate = snap.float("rate")
         if "rate_ts_ms" in snap.state:
@@ -159,10 +161,10 @@ class SegmentRefiller(Refiller):
         pool: Pool,
         store: SegmentStore,
         settings: Settings,
-        clock: Callable[[], float] = time.time,
+        wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(pool, settings, clock, monotonic)
+        super().__init__(pool, settings, wall, monotonic)
         self.store = store
 
     def _ensure_known(self, tag: str) -> Snapshot:
@@ -170,7 +172,7 @@ class SegmentRefiller(Refiller):
         if snap.known:
             return snap
         row = self.store.get_tag(tag)  # raises UnknownTag when not in leaf_alloc either
-        register(self.pool, tag, "segment", row.step, self._clock)
+        register(self.pool, tag, "segment", row.step, self._wall)
         return self.pool.snapshot(tag)
 
     def _refill_locked(self, snap: Snapshot, lock: RefillLock, force: bool) -> RefillResult:

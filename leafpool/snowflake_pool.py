@@ -39,11 +39,11 @@ class SnowflakeRefiller(Refiller):
         pool: Pool,
         generator: LeasedGenerator,
         settings: Settings,
-        clock: Callable[[], float] = time.time,
+        wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        super().__init__(pool, settings, clock, monotonic)
+        super().__init__(pool, settings, wall, monotonic)
         self.generator = generator
         self._sleep = sleep
 

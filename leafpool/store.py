@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import Connection, Engine, Table, func, inspect, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
@@ -114,9 +115,10 @@ def validate_start(start: int, step: int) -> int:
 class SegmentStore:
     """Tags and segment allocation in ``leaf_alloc``."""
 
-    def __init__(self, engine: Engine, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, engine: Engine,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
-        self._clock = clock
+        self._monotonic = monotonic
 
     @classmethod
     def from_url(cls, url: str) -> SegmentStore:
@@ -333,7 +335,7 @@ class SegmentStore:
         :class:`CounterBehind` is raised and nothing is written. An advance that would
         pass 2**63 - 1 raises :class:`SegmentExhausted` and writes nothing.
         """
-        started = self._clock()
+        started = self._monotonic()
         with self._tx(f"{tag}: allocate") as conn:
             row = conn.execute(
                 select(leaf_alloc.c.max_id, leaf_alloc.c.step).where(leaf_alloc.c.biz_tag == tag)
@@ -361,7 +363,35 @@ class SegmentStore:
                 select(leaf_alloc.c.max_id).where(leaf_alloc.c.biz_tag == tag)
             ).scalar_one()
         max_id = int(max_id)
-        took = (self._clock() - started) * 1000
+        took = (self._monotonic() - started) * 1000
         log.debug("%s: allocated [%d, %d) step=%d in %.1f ms", tag, max_id - step, max_id,
                   step, took)
         return Segment(tag, max_id - step, max_id, step, table_step, took)
+
+    # -- operator views -----------------------------------------------------------------
+
+    def leaf_alloc_rows(self) -> list[tuple[TagRow, datetime | None]]:
+        """Every ``leaf_alloc`` row by tag, with its ``update_time`` (Leaf's /db view)."""
+        with self._tx("read leaf_alloc") as conn:
+            rows = conn.execute(
+                select(leaf_alloc.c.biz_tag, leaf_alloc.c.max_id, leaf_alloc.c.step,
+                       leaf_alloc.c.description, leaf_alloc.c.update_time)
+                .order_by(leaf_alloc.c.biz_tag)
+            ).all()
+        return [(TagRow(r.biz_tag, int(r.max_id), int(r.step), r.description), r.update_time)
+                for r in rows]
+
+    def ping(self) -> None:
+        """``SELECT 1``: raises :class:`BackendUnavailable` unless the database answers."""
+        with self._tx("ping") as conn:
+            conn.execute(text("SELECT 1"))
+
+    def leaf_alloc_missing(self) -> bool:
+        """True when the database answers and has no ``leaf_alloc`` table (the operator's
+        fault: a wrong URL, or ``leafpool db init`` never run); False when it has one or
+        does not answer."""
+        try:
+            with self._tx("schema check") as conn:
+                return not inspect(conn).has_table(leaf_alloc.name)
+        except BackendUnavailable:
+            return False

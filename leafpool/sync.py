@@ -36,7 +36,7 @@ class SyncResult:
 
 
 def sync_tags(
-    pool: Pool, store: SegmentStore, clock: Callable[[], float] = time.time
+    pool: Pool, store: SegmentStore, wall: Callable[[], float] = time.time
 ) -> SyncResult:
     """Make the pool's tags match the database: segment tags ``leaf_alloc``, snowflake
     tags ``leafpool_snowflake_tag``."""
@@ -52,7 +52,7 @@ def sync_tags(
     for tag, row in in_db.items():
         snap = snaps.get(tag)
         if snap is None or not snap.known:
-            register(pool, tag, "segment", row.step, clock)
+            register(pool, tag, "segment", row.step, wall)
             result.added.append(tag)
             log.info("%s: tag found in leaf_alloc, pool registered", tag)
         elif snap.state.get("table_step") != str(row.step):
@@ -60,7 +60,7 @@ def sync_tags(
     for tag in sorted(snowflakes - set(in_db)):
         snap = snaps.get(tag)
         if snap is None or not snap.known:
-            register(pool, tag, "snowflake", wall=clock)
+            register(pool, tag, "snowflake", wall=wall)
             result.added.append(tag)
             log.info("%s: snowflake tag registered", tag)
     for tag in known:

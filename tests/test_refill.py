@@ -33,7 +33,7 @@ def refiller(pool: Pool, store: SegmentStore, make_settings: Callable[..., Setti
              clock: FakeClock) -> SegmentRefiller:
     settings = make_settings(pool_floor=2000, pool_ceiling=50_000, chunk_size=300,
                              pool_seconds=10, reserve_seconds=10)
-    return SegmentRefiller(pool, store, settings, clock=clock)
+    return SegmentRefiller(pool, store, settings, wall=clock)
 
 
 def ids(r: redis.Redis, tag: str) -> list[int]:
@@ -101,7 +101,7 @@ def test_step_follows_how_long_each_consumed_segment_lasted(
 ) -> None:
     settings = make_settings(pool_floor=10, pool_ceiling=10, chunk_size=10, reserve_seconds=1,
                              step_grow_seconds=60, step_shrink_seconds=120)
-    refiller = SegmentRefiller(pool, store, settings, clock=clock)
+    refiller = SegmentRefiller(pool, store, settings, wall=clock)
     store.add_tag("order", step=10)
     assert _sizes(refiller.refill("order").segments) == [10, 10]
 
@@ -151,12 +151,12 @@ def test_database_down_keeps_serving_from_the_reserve(
 ) -> None:
     settings = make_settings(pool_floor=1000, pool_ceiling=1000, chunk_size=500,
                              reserve_seconds=1)
-    good = SegmentRefiller(pool, store, settings, clock=clock)
+    good = SegmentRefiller(pool, store, settings, wall=clock)
     store.add_tag("order", step=1000)
     good.refill("order")  # list 1000, reserve >= 1000
     reserve_before = pool.snapshot("order").reserve_size
     dead = SegmentStore.from_url("mysql+pymysql://u:p@127.0.0.1:1/none")
-    broken = SegmentRefiller(pool, dead, settings, clock=clock)
+    broken = SegmentRefiller(pool, dead, settings, wall=clock)
     served: list[int] = []
     with pytest.raises(BackendUnavailable):  # bounded: the reserve is finite
         for _ in range(reserve_before // 1000 + 2):

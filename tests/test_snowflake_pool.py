@@ -39,7 +39,7 @@ def make(pool: Pool, settings: Settings, worker: int, ms: FakeMsClock, cache: st
                              background=False)
     gen = LeasedGenerator(registry, s, clock=ms, sleep=ms.sleep)
     gen.start()
-    return SnowflakeRefiller(pool, gen, s, clock=lambda: ms() / 1000, sleep=ms.sleep)
+    return SnowflakeRefiller(pool, gen, s, wall=lambda: ms() / 1000, sleep=ms.sleep)
 
 
 @pytest.fixture
