@@ -143,7 +143,7 @@ def latency_during_refills(
             # CPU Redis and the measuring client need (in production they run elsewhere)
             nice = ["nice", "-n", "19", sys.executable]
             procs.append(subprocess.Popen(
-                [*nice, "-m", "tests.procs", "refiller", tag], env=env,
+                [*nice, "-m", "tests.roles", "refiller", tag], env=env,
                 stdout=subprocess.DEVNULL, cwd=ROOT, preexec_fn=die_with_parent()))
             procs.append(subprocess.Popen([*nice, "-c", DRAINER, url, key],
                                           preexec_fn=die_with_parent()))

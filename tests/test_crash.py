@@ -18,7 +18,7 @@ from leafpool.config import load_settings
 from leafpool.runtime import Runtime
 from leafpool.store import SegmentStore
 from tests import services
-from tests.proc import Proc, leafpool_env, read_ids, role
+from tests.processes import Proc, leafpool_env, read_ids, role
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from tests import services
-from tests.proc import Proc, leafpool_env, running
+from tests.processes import Proc, leafpool_env, running
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import redis
 
 from leafpool.pool import Pool
 from tests import services
-from tests.proc import Proc, leafpool_env
+from tests.processes import Proc, leafpool_env
 
 LEAFPOOL = [sys.executable, "-m", "leafpool.cli"]
 

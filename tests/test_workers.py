@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 from leafpool.store import SegmentStore
 from tests import services
-from tests.proc import Proc, leafpool_env
+from tests.processes import Proc, leafpool_env
 
 pytestmark = pytest.mark.slow
 

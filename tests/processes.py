@@ -1,4 +1,4 @@
-"""Starting and killing real helper processes from tests (``tests.procs`` roles, Celery,
+"""Starting and killing real helper processes from tests (``tests.roles`` roles, Celery,
 ``leafpool up``).
 
 No process started here outlives the test run: each child gets a parent-death SIGKILL
@@ -144,7 +144,7 @@ def descendants(pid: int) -> dict[int, int]:
 
 
 def role(name: str, *args: str, env: dict[str, str]) -> Proc:
-    return Proc([sys.executable, "-m", "tests.procs", name, *args], env)
+    return Proc([sys.executable, "-m", "tests.roles", name, *args], env)
 
 
 def leafpool_env(raw: dict[str, str] | None = None, **settings: object) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Processes for the crash and concurrency tests: ``python -m tests.procs ROLE ...``.
+"""Processes for the crash and concurrency tests: ``python -m tests.roles ROLE ...``.
 
 - ``refiller TAG``: refill TAG in a loop (settings from the environment). With
   ``CRASH_AT=allocate|push`` it refills normally until that step has just been done for
