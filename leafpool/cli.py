@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from leafpool.config import get_settings
+from leafpool.durations import fmt_ago, fmt_duration
 from leafpool.errors import (
     ConfigurationError,
     InvalidArgument,
@@ -28,7 +29,7 @@ from leafpool.errors import (
     UnknownTag,
 )
 from leafpool.runtime import Runtime
-from leafpool.status import age, pool_status
+from leafpool.status import pool_status
 from leafpool.tags import register, validate_tag
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -178,16 +179,6 @@ def tag_remove(tag: str) -> None:
 
 # -- pools ----------------------------------------------------------------------------
 
-def _fmt_seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value < 120:
-        return f"{value:.0f}s"
-    if value < 7200:
-        return f"{value / 60:.0f}m"
-    return f"{value / 3600:.1f}h"
-
-
 @app.command()
 @reports_errors
 def status(
@@ -208,9 +199,9 @@ def status(
                     r.tag, r.mode, f"{r.length:,}/{r.target:,}", f"{r.reserve_size:,}",
                     f"{r.step:,}" if r.mode == "segment" else f"w {','.join(r.worker_ids) or '-'}",
                     "-" if r.max_id is None else str(r.max_id),
-                    f"{r.rate:,.1f}", _fmt_seconds(r.seconds_left), age(r.last_refill_ms),
+                    f"{r.rate:,.1f}", fmt_duration(r.seconds_left), fmt_ago(r.last_refill_ms),
                     r.last_refill_result, str(r.empty_hits),
-                    f"{r.last_error} ({age(r.last_error_ms)})" if r.last_error else "",
+                    f"{r.last_error} ({fmt_ago(r.last_error_ms)})" if r.last_error else "",
                 )
             if watch:
                 out.clear()

@@ -3,8 +3,6 @@ tag's keys, and what ``leafpool status``, the status page and the metrics show."
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from leafpool.pool import Pool, Snapshot
@@ -100,14 +98,3 @@ def tag_status(snap: Snapshot) -> TagStatus:
 def pool_status(pool: Pool, tags: list[str] | None = None) -> list[TagStatus]:
     names = tags if tags is not None else pool.tags()
     return [tag_status(s) for s in pool.snapshots(names)]
-
-
-def age(ms: int | None, clock: Callable[[], float] = time.time) -> str:
-    if ms is None:
-        return "never"
-    seconds = clock() - ms / 1000
-    if seconds < 120:
-        return f"{seconds:.0f}s ago"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m ago"
-    return f"{seconds / 3600:.1f}h ago"
