@@ -261,9 +261,8 @@ def up(settings: Settings, tag: str = "demo", say: Callable[[str], None] = print
         env.demo_tags(rt, tag, flake)
         env.start_celery()
         http = env.start_http()
-        keys = [rt.pool.tag(tag).ids, rt.pool.tag(flake).ids]
         deadline = time.monotonic() + 60
-        while min(rt.redis.llen(k) for k in keys) < 10:
+        while min(rt.pool.lengths([tag, flake])) < 10:
             if time.monotonic() > deadline:
                 raise BackendUnavailable(f"{tag}, {flake}: the pools were not filled within "
                                          f"60 s; see the logs under {env.home / 'logs'}")

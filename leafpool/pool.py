@@ -7,15 +7,18 @@ This module owns no policy: how much to push and when is :mod:`leafpool.refill`'
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.lock import Lock
 
 from leafpool import scripts
 from leafpool.errors import StaleWrite
 from leafpool.keys import Keys, TagKeys
+from leafpool.lock import RefillLock
 from leafpool.redis_conn import redis_errors, wrap
 
 log = logging.getLogger(__name__)
@@ -146,6 +149,27 @@ class Pool:
 
     def tag(self, tag: str) -> TagKeys:
         return self.keys.tag(tag)
+
+    # -- locks ----------------------------------------------------------------------------
+
+    def refill_lock(self, tag: str, ttl_ms: int,
+                    monotonic: Callable[[], float] = time.monotonic) -> RefillLock:
+        """The tag's refill lock (its token fences every write)."""
+        return RefillLock(self.redis, self.tag(tag).lock, ttl_ms, monotonic)
+
+    def beat_lock(self, ttl_seconds: float) -> Lock:
+        """The lock held by the one active Celery beat (redis-py's Lock)."""
+        lock: Lock = self.redis.lock(self.keys.beat_lock, timeout=ttl_seconds, blocking=False,
+                                     thread_local=False)
+        return lock
+
+    def lengths(self, tags: Sequence[str]) -> list[int]:
+        """``LLEN`` of each tag's ready list, in one round trip."""
+        with redis_errors("lengths"):
+            pipe = self.redis.pipeline(transaction=False)
+            for tag in tags:
+                pipe.llen(self.tag(tag).ids)
+            return [int(n) for n in pipe.execute()]
 
     # -- the client's commands (the public LPOP, and waiting for a refill) ----------------
 

@@ -100,8 +100,7 @@ class Refiller(ABC):
 
         Returns ``skipped="locked"`` when another refiller holds the tag.
         """
-        lock = RefillLock(self.pool.redis, self.pool.tag(tag).lock,
-                          self.settings.lock_ttl_ms, self._monotonic)
+        lock = self.pool.refill_lock(tag, self.settings.lock_ttl_ms, self._monotonic)
         if not lock.acquire():
             return RefillResult(tag, skipped="locked")
         with lock:

@@ -20,6 +20,7 @@ from celery.beat import PersistentScheduler
 from redis.exceptions import LockError
 
 from leafpool.keys import Keys
+from leafpool.pool import Pool
 from leafpool.redis_conn import connect
 from workers.application import SWEEP_ENTRY, SYNC_ENTRY, settings
 
@@ -36,9 +37,7 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._redis = connect(settings.redis_url)
-        self._lock = self._redis.lock(Keys(settings.key_prefix).beat_lock,
-                                      timeout=LOCK_TTL_SECONDS, blocking=False,
-                                      thread_local=False)
+        self._lock = Pool(self._redis, settings.key_prefix).beat_lock(LOCK_TTL_SECONDS)
         self._active = False
         self._just_acquired = False
         self._identity = f"{socket.gethostname()}"
