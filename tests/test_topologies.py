@@ -13,14 +13,20 @@ separately below.
 
 from __future__ import annotations
 
+import shutil
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 import redis
 from redis.sentinel import Sentinel
 
-from tests import servers
+from leafpool.children import die_with_parent
+from tests import servers, services
 from tests import topologies as t
 
 if TYPE_CHECKING:
@@ -223,3 +229,45 @@ def test_a_port_taken_before_the_node_binds_it_is_replaced(
         assert top.master.port != squatter.master.port
         assert int(top.master.info("server")["process_id"]) == top.master.pid
         assert "Address already in use" in (top.dirs[0] / "redis-master.log").read_text()
+
+
+def test_missing_redis_skips_or_fails_under_ci(monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    from tests.topology_fixtures import Topologies  # loaded as a plugin by now
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    outcome = pytest.fail.Exception if services.IN_CI else pytest.skip.Exception
+    with pytest.raises(outcome, match="redis-server is not installed"):
+        Topologies().replicated(1)
+
+
+def test_no_node_outlives_the_process_that_started_it() -> None:
+    """SIGKILL of the starting process (no stop, no atexit) takes every node with it."""
+    script = ("from tests import topologies as t\n"
+              "top = t.sentinel_group(1, 1)\n"
+              "print(*[n.pid for n in top.processes], flush=True)\n"
+              "print(*top.dirs, flush=True)\n"
+              "input()\n")
+    with subprocess.Popen([sys.executable, "-c", script], cwd=servers.ROOT,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                          preexec_fn=die_with_parent(signal.SIGKILL)) as parent:
+        assert parent.stdout is not None
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        dirs = parent.stdout.readline().split()
+        assert len(pids) == 3 and all(_running(pid) for pid in pids)
+        parent.kill()
+        parent.wait(timeout=10)
+    try:
+        servers.wait_until(lambda: not any(_running(pid) for pid in pids), 10,
+                           "nodes gone with their parent")
+    finally:
+        for d in dirs:  # what the killed process had no chance to remove
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
