@@ -1,0 +1,23 @@
+"""The HTTP service (``leafpool serve``): an ASGI app for clients that cannot reach Redis,
+plus the operator's pages. One concern per module:
+
+- :mod:`~leafpool.http.app`: the app, its routes and lifespan, ``serve`` and the
+  ``app_from_env`` factory (``uvicorn --factory leafpool.http:app_from_env``);
+- :mod:`~leafpool.http.service`: what the handlers share (settings, the asyncio client
+  and its pool, the runtime's store, metrics);
+- :mod:`~leafpool.http.auth`: token auth (``LEAFPOOL_HTTP_TOKENS``);
+- :mod:`~leafpool.http.errors`: errors as status codes, and the log throttle;
+- :mod:`~leafpool.http.ids`: the Leaf-compatible ID endpoints, and the mode cache;
+- :mod:`~leafpool.http.decode`: snowflake ID decoding (Leaf's shape and clean JSON);
+- :mod:`~leafpool.http.ops`: ``/health``, ``/metrics``, ``/api/status``;
+- :mod:`~leafpool.http.pages`: ``/cache`` and ``/db`` as HTML.
+
+Every Redis command goes through :class:`~leafpool.pool_async.AsyncPool` (the asyncio
+client's) or the runtime's :class:`~leafpool.pool.Pool` (the metrics); every SQL
+statement through :class:`~leafpool.store.SegmentStore`.
+"""
+
+from leafpool.http.app import app_from_env, create_app, serve
+from leafpool.http.errors import HttpError, as_http_error
+
+__all__ = ["HttpError", "app_from_env", "as_http_error", "create_app", "serve"]

@@ -1,0 +1,138 @@
+"""The Leaf-compatible ID endpoints (one ``LPOP`` per request on the hot path):
+
+- ``GET /api/segment/get/{tag}``, ``GET /api/snowflake/get/{tag}``: the bare ID as
+  ``text/plain``, as Leaf's server answers, so a Leaf client switches by host name.
+  ``?count=N`` (1 to ``LEAFPOOL_HTTP_MAX_COUNT``) returns N IDs, one per line.
+- ``GET /api/segment/ids/{tag}?count=N`` (and ``/api/snowflake/ids/{tag}``): JSON
+  ``{"tag", "mode", "ids": ["..."]}`` with the IDs as **strings**: a 64-bit ID does not
+  survive a JavaScript number (exact only to 2**53).
+
+An empty pool is waited for up to ``LEAFPOOL_EMPTY_WAIT_SECONDS`` (the client's ``wait``
+policy). A tag's mode is read through :class:`ModeCache`, so a tag of the other mode is a
+404 naming the right endpoint. Responses carry ``Cache-Control: no-store``."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from leafpool.errors import InvalidArgument, LeafpoolError, UnknownTag
+from leafpool.http.errors import NO_STORE, HttpError, http_error, json_error, text_error
+from leafpool.http.service import MODES, Service
+from leafpool.tags import validate_tag
+
+MODE_CACHE_SECONDS = 5.0  # a tag's mode is read from Redis at most this often
+_COUNT_RE = re.compile(r"[0-9]{1,9}")
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class ModeCache:
+    """Each tag's mode, read (by ``read``) at most once per ``seconds``; an unknown tag
+    is not remembered, so a tag registered meanwhile is served at once."""
+
+    def __init__(self, read: Callable[[str], Awaitable[str | None]],
+                 seconds: float = MODE_CACHE_SECONDS,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._read = read
+        self.seconds = seconds
+        self._monotonic = monotonic
+        self._modes: dict[str, tuple[str, float]] = {}
+
+    async def get(self, tag: str) -> str | None:
+        now = self._monotonic()
+        cached = self._modes.get(tag)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        mode = await self._read(tag)
+        if mode is None:
+            self._modes.pop(tag, None)
+        else:
+            self._modes[tag] = (mode, now + self.seconds)
+        return mode
+
+
+def parse_count(request: Request, max_count: int) -> int | None:
+    """``?count=``: None when absent, else 1 to ``max_count`` (else 400 naming it)."""
+    raw = request.query_params.get("count")
+    if raw is None:
+        return None
+    allowed = f"an integer from 1 to {max_count} (LEAFPOOL_HTTP_MAX_COUNT)"
+    if not _COUNT_RE.fullmatch(raw) or not 1 <= int(raw) <= max_count:
+        raise InvalidArgument("count", raw, allowed)
+    return int(raw)
+
+
+class IdEndpoints:
+    """The ID handlers of one app, sharing its mode cache."""
+
+    def __init__(self, svc: Service) -> None:
+        self.svc = svc
+        self.modes = ModeCache(lambda tag: svc.pool.mode(tag))
+
+    async def take(self, tag: str, want_mode: str, count: int) -> list[int]:
+        """``count`` IDs of ``tag`` (policy ``wait``), checking the tag's mode."""
+        mode = await self.modes.get(tag)
+        if mode is None:
+            raise UnknownTag(tag)
+        if mode != want_mode:
+            raise HttpError(404, "wrong_mode",
+                            f"{tag}: a {mode} tag; ask /api/{mode}/get/{tag}", tag=tag, mode=mode)
+        if count == 1:
+            return [await self.svc.client.next_id(tag)]
+        return await self.svc.client.next_ids(tag, count)
+
+    def handler(self, mode: str, as_json: bool) -> Handler:
+        endpoint = f"/api/{mode}/{'ids' if as_json else 'get'}"
+
+        async def handle(request: Request) -> Response:
+            started = time.perf_counter()
+            if request.method == "HEAD":  # a HEAD must not consume an ID
+                response: Response = PlainTextResponse(
+                    "use GET\n", 405, headers={"Allow": "GET, POST", **NO_STORE})
+            else:
+                response = await self.respond(request, mode, as_json)
+            self.svc.http.requests.labels(endpoint, str(response.status_code)).inc()
+            self.svc.http.latency.labels(endpoint).observe(time.perf_counter() - started)
+            return response
+
+        handle.__name__ = f"{mode}_{'ids' if as_json else 'get'}"
+        return handle
+
+    async def respond(self, request: Request, mode: str, as_json: bool) -> Response:
+        svc = self.svc
+        tag = request.path_params.get("tag", "")
+        try:
+            allowed = svc.auth.allowed_tags(request)
+            validate_tag(tag)
+            svc.auth.authorize(tag, allowed)
+            count = parse_count(request, svc.max_count)
+            ids = await self.take(tag, mode, count or 1)
+        except (HttpError, LeafpoolError) as exc:
+            err = http_error(exc, svc.retry_after)
+            return json_error(err) if as_json else text_error(err)
+        if as_json:
+            return JSONResponse({"tag": tag, "mode": mode, "ids": [str(i) for i in ids]},
+                                headers=NO_STORE)
+        if count is None:
+            return PlainTextResponse(str(ids[0]), headers=NO_STORE)
+        return PlainTextResponse("".join(f"{i}\n" for i in ids), headers=NO_STORE)
+
+
+def routes(svc: Service) -> Iterator[Route]:
+    endpoints = IdEndpoints(svc)
+    methods = ["GET", "POST"]  # Leaf maps every method
+    for mode in MODES:
+        get = endpoints.handler(mode, as_json=False)
+        ids = endpoints.handler(mode, as_json=True)
+        yield Route(f"/api/{mode}/get/{{tag}}", get, methods=methods)
+        yield Route(f"/api/{mode}/get/", get, methods=methods)  # empty tag: 400, not 404
+        yield Route(f"/api/{mode}/get", get, methods=methods)
+        yield Route(f"/api/{mode}/ids/{{tag}}", ids, methods=methods)
+        yield Route(f"/api/{mode}/ids/", ids, methods=methods)
+
