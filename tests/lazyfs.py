@@ -237,7 +237,7 @@ class LazyOperations:
 
     def create(self, path: str, mode: int, flags: int = os.O_RDWR) -> int:
         with self.mutex:
-            os.close(os.open(self._real(path), os.O_CREAT | os.O_RDWR, mode))
+            os.close(os.open(self._real(path), os.O_CREAT | os.O_RDWR | (flags & os.O_EXCL), mode))
             return self._open(path, flags)
 
     def open(self, path: str, flags: int) -> int:
@@ -446,10 +446,12 @@ class LazyFS:
     happened; :meth:`drop_unsynced` is the power loss."""
 
     def __init__(self, backing_dir: str | os.PathLike[str], mountpoint: str | os.PathLike[str],
-                 timeout: float = 10.0) -> None:
+                 timeout: float = 10.0, log: str | os.PathLike[str] | None = None) -> None:
         self.backing = Path(backing_dir)
         self.mountpoint = Path(mountpoint)
         self.timeout = timeout
+        # the child's output (libfuse's complaints, our tracebacks): beside the backing dir
+        self.log = Path(log) if log else self.backing.parent / f"{self.mountpoint.name}.lazyfs.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self._cmd: int | None = None
         self._reply: Any = None
@@ -465,7 +467,7 @@ class LazyFS:
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         cmd_r, cmd_w = os.pipe()
         reply_r, reply_w = os.pipe()
-        log = open(self.backing.parent / f"{self.mountpoint.name}.lazyfs.log", "ab")  # noqa: SIM115
+        log = open(self.log, "ab")  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, __file__, str(self.backing), str(self.mountpoint),
@@ -480,7 +482,6 @@ class LazyFS:
             log.close()
         self._cmd = cmd_w
         self._reply = os.fdopen(reply_r, "rb", buffering=0)
-        self.log = self.backing.parent / f"{self.mountpoint.name}.lazyfs.log"
         deadline = time.monotonic() + self.timeout
         while not is_mounted(self.mountpoint):
             if self.proc.poll() is not None or time.monotonic() > deadline:
