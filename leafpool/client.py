@@ -95,7 +95,7 @@ class Client(_Base):
         s = settings or get_settings()
         wait = s.empty_wait_seconds if wait_seconds is None else wait_seconds
         super().__init__(policy or s.empty_policy, wait)
-        self.redis = redis_client or connect(s.redis_url, timeout=max(5.0, wait + 5.0))
+        self.redis = redis_client or connect(s, timeout=max(5.0, wait + 5.0))
         self.pool = Pool(self.redis, s.key_prefix)
         self.keys = self.pool.keys
         self._monotonic = monotonic
@@ -179,7 +179,7 @@ class AsyncClient(_Base):
         s = settings or get_settings()
         wait = s.empty_wait_seconds if wait_seconds is None else wait_seconds
         super().__init__(policy or s.empty_policy, wait)
-        self.redis = redis_client or connect_async(s.redis_url, timeout=max(5.0, wait + 5.0))
+        self.redis = redis_client or connect_async(s, timeout=max(5.0, wait + 5.0))
         self.pool = AsyncPool(self.redis, s.key_prefix)
         self.keys = self.pool.keys
 

@@ -40,6 +40,7 @@ from leafpool.errors import ConfigurationError
 from leafpool.setting_values import DATABASE_URL_ENV as DATABASE_URL_ENV
 from leafpool.setting_values import LOCAL_MAP_ENV as LOCAL_MAP_ENV
 from leafpool.setting_values import REDIS_URL_ENV as REDIS_URL_ENV
+from leafpool.setting_values import SENTINELS_ENV
 from leafpool.setting_values import TOKENS_ENV as TOKENS_ENV
 from leafpool.setting_values import LocalMap as LocalMap
 from leafpool.setting_values import TokenPolicy as TokenPolicy
@@ -47,6 +48,8 @@ from leafpool.setting_values import check_database_url as check_database_url
 from leafpool.setting_values import check_redis_url as check_redis_url
 from leafpool.setting_values import hide_password as hide_password
 from leafpool.setting_values import parse_local_map as parse_local_map
+from leafpool.setting_values import parse_pop_replicas as parse_pop_replicas
+from leafpool.setting_values import parse_sentinels as parse_sentinels
 from leafpool.setting_values import parse_tokens as parse_tokens
 from leafpool.snowflake import MAX_BACKWARDS_MS, validate_epoch, wall_clock_ms
 
@@ -74,6 +77,17 @@ class Settings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     broker_url: str = ""
     key_prefix: str = "leafpool"
+
+    # Redis topology (docs/design.md §7): one node (LEAFPOOL_REDIS_URL), a Sentinel group
+    # (LEAFPOOL_REDIS_SENTINELS, LEAFPOOL_REDIS_MASTER_NAME; the URL gives the database
+    # number and password), or a Cluster (LEAFPOOL_REDIS_CLUSTER, the URL names any node)
+    redis_sentinels: str = ""
+    redis_master_name: str = "leafpool"
+    redis_cluster: bool = False
+    # replica-acknowledged pops: IDs are handed out only once WAIT says this many
+    # replicas have the pop (0: no acknowledgement, 'all': every replica at start)
+    pop_replicas: str = "0"
+    pop_wait_ms: int = Field(100, ge=1, le=60_000)
 
     # pool sizing (docs/design.md §3); rate x seconds must stay a sane integer
     pool_seconds: float = Field(30.0, gt=0, le=DAY)
@@ -164,6 +178,18 @@ class Settings(BaseSettings):
         parse_local_map(value)
         return value
 
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinels(cls, value: str) -> str:
+        parse_sentinels(value)
+        return value
+
+    @field_validator("pop_replicas")
+    @classmethod
+    def _pop_replicas(cls, value: str) -> str:
+        parse_pop_replicas(value)
+        return value.strip().lower()
+
     @field_validator("http_tokens")
     @classmethod
     def _tokens(cls, value: str) -> str:
@@ -185,8 +211,18 @@ class Settings(BaseSettings):
             home = default_home()
             object.__setattr__(self, "database_url", f"sqlite:///{home / 'leafpool.sqlite3'}")
         check_database_url(self.database_url)
+        if self.redis_sentinels and self.redis_cluster:
+            raise ConfigurationError(
+                SENTINELS_ENV, self.redis_sentinels,
+                "not with LEAFPOOL_REDIS_CLUSTER=true: choose Sentinel or Cluster")
+        if not self.broker_url and self.redis_cluster:
+            raise ConfigurationError(
+                "LEAFPOOL_BROKER_URL", "",
+                "required with LEAFPOOL_REDIS_CLUSTER=true: Celery's Redis transport cannot "
+                "use a Redis Cluster; name a separate Redis (redis://...) or Sentinel group "
+                "(sentinel://host:port;sentinel://host:port)")
         if not self.broker_url:
-            object.__setattr__(self, "broker_url", self.redis_url)
+            object.__setattr__(self, "broker_url", self._default_broker())
         if self.snowflake_mode is None:
             object.__setattr__(self, "snowflake_mode", "zk" if self.zk_hosts else "local")
         if not self.snowflake_cache_dir:
@@ -199,6 +235,38 @@ class Settings(BaseSettings):
     def local_map(self) -> LocalMap:
         """``LEAFPOOL_SNOWFLAKE_LOCAL_MAP`` parsed (see :func:`parse_local_map`)."""
         return parse_local_map(self.snowflake_local_map)
+
+    def _default_broker(self) -> str:
+        """The pools' Redis: with Sentinel, kombu's sentinel transport over the same
+        sentinels (its master name is a transport option, see :attr:`broker_options`)."""
+        if not self.redis_sentinels:
+            return self.redis_url
+        db = self.redis_url.rsplit("/", 1)[-1] if self.redis_url.count("/") >= 3 else "0"
+        return ";".join(f"sentinel://{h}:{p}/{db or 0}" for h, p in self.sentinels)
+
+    @property
+    def sentinels(self) -> tuple[tuple[str, int], ...]:
+        """``LEAFPOOL_REDIS_SENTINELS`` parsed."""
+        return parse_sentinels(self.redis_sentinels)
+
+    @property
+    def redis_topology(self) -> str:
+        """``single``, ``sentinel`` or ``cluster``."""
+        if self.redis_cluster:
+            return "cluster"
+        return "sentinel" if self.redis_sentinels else "single"
+
+    @property
+    def pop_replicas_required(self) -> int | str:
+        """``LEAFPOOL_POP_REPLICAS`` parsed: a number, or ``all``."""
+        return parse_pop_replicas(self.pop_replicas)
+
+    @property
+    def broker_options(self) -> dict[str, object]:
+        """Extra kombu transport options the broker URL needs (Sentinel's master name)."""
+        if self.broker_url.startswith("sentinel://"):
+            return {"master_name": self.redis_master_name}
+        return {}
 
     @property
     def token_policy(self) -> TokenPolicy:

@@ -126,3 +126,18 @@ class CounterBehind(LeafpoolError):
             f"still hand out ({why}); nothing allocated. Move it up with: UPDATE leaf_alloc "
             f"SET max_id = {floor} WHERE biz_tag = '{tag}'"
         )
+
+
+class ReplicasBehind(BackendUnavailable):
+    """Fewer replicas than ``LEAFPOOL_POP_REPLICAS`` acknowledged a pop within
+    ``LEAFPOOL_POP_WAIT_MS``: the IDs it took are never handed out (a gap, counted in the
+    tag's ``unacked_ids``), since a failover could hand them out again."""
+
+    def __init__(self, tag: str, discarded: int, acked: int, required: int) -> None:
+        self.tag = tag
+        self.discarded = discarded
+        self.acked = acked
+        self.required = required
+        super().__init__(
+            f"{tag}: {acked} of {required} replicas acknowledged the pop in time; its "
+            f"{discarded} ID(s) are dropped, never handed out")

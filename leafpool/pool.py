@@ -9,8 +9,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 from redis.lock import Lock
@@ -19,118 +17,20 @@ from leafpool import scripts
 from leafpool.errors import StaleWrite
 from leafpool.keys import Keys, TagKeys
 from leafpool.lock import RefillLock
+from leafpool.pool_common import SNAPSHOT_REPLIES as SNAPSHOT_REPLIES
+from leafpool.pool_common import Range as Range
+from leafpool.pool_common import Snapshot as Snapshot
+from leafpool.pool_common import (
+    queue_snapshot,
+    queue_want,
+    register_scripts,
+    snapshot_from,
+    take_result,
+    text,
+)
 from leafpool.redis_conn import redis_errors, wrap
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Range:
-    """A half-open range ``[start, end)`` of IDs, stored in the reserve as ``start:end``."""
-
-    start: int
-    end: int
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
-
-    def encode(self) -> str:
-        return f"{self.start}:{self.end}"
-
-    def after_taking(self, count: int) -> str:
-        """The encoded head once its first ``count`` IDs are gone ("" when used up)."""
-        return "" if count == self.size else Range(self.start + count, self.end).encode()
-
-    def take_args(self, count: int) -> list[str | int]:
-        """ARGV of take_reserve.lua for the first ``count`` IDs of this head."""
-        return [self.encode(), self.after_taking(count), str(self.start),
-                str(self.start + count - 1), count]
-
-    @classmethod
-    def decode(cls, raw: bytes | str) -> Range:
-        text = raw.decode() if isinstance(raw, bytes) else raw
-        start, _, end = text.partition(":")
-        return cls(int(start), int(end))
-
-
-@dataclass
-class Snapshot:
-    """One consistent read of a tag's keys (taken in a MULTI)."""
-
-    tag: str
-    length: int
-    reserve: list[Range]
-    state: dict[str, str] = field(default_factory=dict)
-    locked: bool = False
-
-    @property
-    def known(self) -> bool:
-        """Registered: the state has a mode (a stray counter alone does not make a tag)."""
-        return "mode" in self.state
-
-    @property
-    def reserve_size(self) -> int:
-        return sum(r.size for r in self.reserve)
-
-    @property
-    def floor(self) -> int:
-        """The first ID the pool may still take from the database: above everything it
-        allocated (``max_id``, the reserve) and handed out (``hwm``)."""
-        hwm = self.state.get("hwm")
-        ends = [self.int("max_id"), int(hwm) + 1 if hwm else 0]
-        return max([*ends, *(r.end for r in self.reserve)])
-
-    def int(self, name: str, default: int = 0) -> int:
-        value = self.state.get(name)
-        return int(value) if value not in (None, "") else default
-
-    def float(self, name: str, default: float = 0.0) -> float:
-        value = self.state.get(name)
-        return float(value) if value not in (None, "") else default
-
-
-def _text(raw: object) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
-def _decode_map(raw: Mapping[bytes, bytes]) -> dict[str, str]:
-    return {_text(k): _text(v) for k, v in raw.items()}
-
-
-SNAPSHOT_REPLIES = 4
-
-
-def queue_snapshot(pipe: Any, k: TagKeys) -> None:
-    """Queue the commands of one snapshot on a pipeline (sync or asyncio)."""
-    pipe.llen(k.ids)
-    pipe.lrange(k.reserve, 0, -1)
-    pipe.hgetall(k.state)
-    pipe.exists(k.lock)
-
-
-def snapshot_from(tag: str, replies: Sequence[Any]) -> Snapshot:
-    """The :class:`Snapshot` read by :func:`queue_snapshot`'s commands."""
-    length, reserve, state, locked = replies
-    return Snapshot(tag, int(length), [Range.decode(r) for r in reserve], _decode_map(state),
-                    bool(locked))
-
-
-def queue_want(pipe: Any, keys: Keys, tag: str) -> None:
-    """Queue an empty-pool hit: ask the sweep for a refill and count it."""
-    pipe.sadd(keys.wanted, tag)
-    pipe.hincrby(keys.tag(tag).state, "empty_hits", 1)
-
-
-def register_scripts(client: Any) -> dict[str, Any]:
-    """The scripts registered on ``client`` (sync or asyncio), by name."""
-    return {name: client.register_script(scripts.source(name))
-            for name in ("push_ids", "append_reserve", "take_reserve", "push_fresh", "record")}
-
-
-def take_result(tag: str, head: Range, count: int, code: int) -> list[int] | int:
-    """The IDs a take_reserve call gave (code 1), or its refusal code."""
-    return list(range(head.start, head.start + count)) if code == 1 else code
 
 
 class Pool:
@@ -228,7 +128,7 @@ class Pool:
                 if if_created_ms is not None:
                     pipe.watch(k.state)  # type: ignore[no-untyped-call]
                     current = pipe.hget(k.state, "created_ms")
-                    if (_text(current) if current is not None else "") != if_created_ms:
+                    if (text(current) if current is not None else "") != if_created_ms:
                         return False
                     pipe.multi()
                 pipe.srem(self.keys.tags, tag)
@@ -241,7 +141,7 @@ class Pool:
 
     def tags(self) -> list[str]:
         with redis_errors("list tags"):
-            return sorted(_text(t) for t in self.redis.smembers(self.keys.tags))
+            return sorted(text(t) for t in self.redis.smembers(self.keys.tags))
 
     def is_known(self, tag: str) -> bool:
         with redis_errors(f"{tag}: membership"):
@@ -250,7 +150,7 @@ class Pool:
     def mode(self, tag: str) -> str | None:
         with redis_errors(f"{tag}: mode"):
             raw = self.redis.hget(self.tag(tag).state, "mode")
-        return _text(raw) if raw else None
+        return text(raw) if raw else None
 
     # -- reads --------------------------------------------------------------------------
 
@@ -299,7 +199,7 @@ class Pool:
     def take_wanted(self) -> list[str]:
         with redis_errors("wanted"):
             raw = self.redis.spop(self.keys.wanted, 10_000)
-        return sorted(_text(t) for t in raw or [])
+        return sorted(text(t) for t in raw or [])
 
     def mark_queued(self, tag: str, seconds: int) -> bool:
         """True when no refill of ``tag`` was marked queued in the last ``seconds``."""

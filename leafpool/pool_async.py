@@ -13,16 +13,16 @@ import redis
 import redis.asyncio as aioredis
 
 from leafpool.keys import Keys, TagKeys
-from leafpool.pool import (
+from leafpool.pool_common import (
     SNAPSHOT_REPLIES,
     Range,
     Snapshot,
-    _text,
     queue_snapshot,
     queue_want,
     register_scripts,
     snapshot_from,
     take_result,
+    text,
 )
 from leafpool.redis_conn import redis_errors, wrap
 
@@ -94,11 +94,11 @@ class AsyncPool:
     async def mode(self, tag: str) -> str | None:
         with redis_errors(f"{tag}: mode"):
             raw = await self.redis.hget(self.tag(tag).state, "mode")
-        return _text(raw) if raw is not None else None
+        return text(raw) if raw is not None else None
 
     async def tags(self) -> list[str]:
         with redis_errors("list tags"):
-            return sorted(_text(t) for t in await self.redis.smembers(self.keys.tags))
+            return sorted(text(t) for t in await self.redis.smembers(self.keys.tags))
 
     async def modes(self, tags: Sequence[str]) -> dict[str, str | None]:
         with redis_errors("modes"):
@@ -106,7 +106,7 @@ class AsyncPool:
             for tag in tags:
                 pipe.hget(self.tag(tag).state, "mode")
             raw = await pipe.execute()
-        return {tag: (_text(m) if m is not None else None) for tag, m in zip(tags, raw,
+        return {tag: (text(m) if m is not None else None) for tag, m in zip(tags, raw,
                                                                               strict=True)}
 
     async def snapshots(self, tags: Sequence[str]) -> list[Snapshot]:

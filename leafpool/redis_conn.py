@@ -1,18 +1,48 @@
-"""Redis connections and Redis errors: the one place that opens a connection from a URL
-(sync and asyncio, with timeouts so an outage is noticed in seconds; redis-py uses the
-hiredis parser when it is installed) and the one place that turns redis-py's errors into
-leafpool's (:class:`~leafpool.errors.BackendUnavailable`)."""
+"""Redis connections and Redis errors: the one place that opens a connection (sync and
+asyncio) for each topology, and the one place that turns redis-py's errors into
+leafpool's (:class:`~leafpool.errors.BackendUnavailable`).
+
+Topologies (docs/design.md §7), chosen by the settings:
+
+- ``single``: ``LEAFPOOL_REDIS_URL``;
+- ``sentinel``: redis-py's :class:`~redis.sentinel.Sentinel` over
+  ``LEAFPOOL_REDIS_SENTINELS``; the client asks the sentinels for the master of
+  ``LEAFPOOL_REDIS_MASTER_NAME`` and asks again after a failover (the URL gives the
+  database number and the password);
+- ``cluster``: redis-py's :class:`~redis.cluster.RedisCluster`, from the URL of any node.
+
+Timeouts are short so an outage is noticed in seconds; redis-py uses the hiredis parser
+when it is installed.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.cluster import RedisCluster
+from redis.connection import parse_url
+from redis.sentinel import Sentinel
 
 from leafpool.errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from leafpool.config import Settings
+
+#: a client of the pools' Redis, whatever the topology. RedisCluster speaks the same
+#: command API as Redis (it routes each command by its key's slot); it is typed as Redis
+#: for the callers, and :func:`is_cluster` tells the two apart where it matters.
+RedisClient = redis.Redis
+AsyncRedisClient = aioredis.Redis
+
+
+def is_cluster(client: object) -> bool:
+    return isinstance(client, RedisCluster | AsyncRedisCluster)
 
 
 def _options(timeout: float) -> dict[str, Any]:
@@ -20,12 +50,50 @@ def _options(timeout: float) -> dict[str, Any]:
             "health_check_interval": 30}
 
 
-def connect(url: str, *, timeout: float = 5.0) -> redis.Redis:
+def _url_auth(url: str) -> dict[str, Any]:
+    """Database number, user name and password of a Redis URL (for Sentinel's master)."""
+    parsed: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
+    return {k: parsed[k] for k in ("db", "username", "password") if parsed.get(k) is not None}
+
+
+def connect_url(url: str, *, timeout: float = 5.0) -> redis.Redis:
+    """One Redis node by URL."""
     return redis.Redis.from_url(url, **_options(timeout))
 
 
-def connect_async(url: str, *, timeout: float = 5.0) -> aioredis.Redis:
-    return aioredis.Redis.from_url(url, **_options(timeout))
+def connect(settings: Settings | str, *, timeout: float = 5.0) -> RedisClient:
+    """The pools' Redis in the configured topology (a bare URL: one node)."""
+    if isinstance(settings, str):
+        return connect_url(settings, timeout=timeout)
+    topology = settings.redis_topology
+    if topology == "cluster":
+        return cast(RedisClient, RedisCluster.from_url(
+            settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout))
+    if topology == "sentinel":
+        sentinel = Sentinel(list(settings.sentinels),  # type: ignore[no-untyped-call]
+                            sentinel_kwargs=_options(timeout), **_options(timeout))
+        master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+            settings.redis_master_name, **_url_auth(settings.redis_url), **_options(timeout))
+        return master
+    return connect_url(settings.redis_url, timeout=timeout)
+
+
+def connect_async(settings: Settings | str, *, timeout: float = 5.0) -> AsyncRedisClient:
+    """The asyncio twin of :func:`connect`."""
+    if isinstance(settings, str):
+        return aioredis.Redis.from_url(settings, **_options(timeout))
+    topology = settings.redis_topology
+    if topology == "cluster":
+        return cast(AsyncRedisClient, AsyncRedisCluster.from_url(
+            settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout))
+    if topology == "sentinel":
+        sentinel = AsyncSentinel(list(settings.sentinels),  # type: ignore[no-untyped-call]
+                                 sentinel_kwargs=_options(timeout), **_options(timeout))
+        master: aioredis.Redis = sentinel.master_for(settings.redis_master_name,
+                                                     **_url_auth(settings.redis_url),
+                                                     **_options(timeout))
+        return master
+    return aioredis.Redis.from_url(settings.redis_url, **_options(timeout))
 
 
 @contextmanager
@@ -35,7 +103,7 @@ def redis_errors(what: str) -> Iterator[None]:
         yield
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise BackendUnavailable(f"redis: {what}: {exc}") from exc
-    except redis.ResponseError as exc:
+    except redis.RedisError as exc:
         raise BackendUnavailable(f"redis: {what}: {exc}") from exc
 
 

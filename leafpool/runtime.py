@@ -31,7 +31,7 @@ class Runtime:
 
     @cached_property
     def redis(self) -> redis.Redis:
-        return connect(self.settings.redis_url)
+        return connect(self.settings)
 
     @cached_property
     def pool(self) -> Pool:

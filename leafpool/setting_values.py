@@ -179,3 +179,41 @@ def check_database_url(url: str) -> str:
             f"the driver of {scheme}:// (Python module {module}) is not installed; "
             "mysql+pymysql:// uses PyMySQL, which leafpool installs")
     return url
+
+
+# -- the Redis topology -----------------------------------------------------------------
+
+SENTINELS_ENV = "LEAFPOOL_REDIS_SENTINELS"
+POP_REPLICAS_ENV = "LEAFPOOL_POP_REPLICAS"
+ALL_REPLICAS = "all"
+
+
+@lru_cache(maxsize=16)
+def parse_sentinels(value: str) -> tuple[tuple[str, int], ...]:
+    """``LEAFPOOL_REDIS_SENTINELS``: ``host:port,host:port`` (empty: no Sentinel)."""
+    out: list[tuple[str, int]] = []
+    for raw in value.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        host, sep, port = entry.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ConfigurationError(SENTINELS_ENV, value,
+                                     f"entry {entry!r} is not host:port (port 1 to 65535)")
+        out.append((host.strip("[]"), int(port)))
+    if value.strip() and not out:
+        raise ConfigurationError(SENTINELS_ENV, value, "comma-separated host:port entries")
+    return tuple(out)
+
+
+def parse_pop_replicas(value: str) -> int | str:
+    """``LEAFPOOL_POP_REPLICAS``: how many replicas must acknowledge a pop before its IDs
+    are handed out: a number from 0 (no acknowledgement) to 16, or ``all`` (every replica
+    the master reports when the process starts)."""
+    text = value.strip().lower()
+    if text == ALL_REPLICAS:
+        return ALL_REPLICAS
+    if not text.isdigit() or int(text) > 16:
+        raise ConfigurationError(POP_REPLICAS_ENV, value,
+                                 "a number of replicas from 0 to 16, or 'all'")
+    return int(text)

@@ -36,7 +36,7 @@ START_ENTRIES = (SYNC_ENTRY, SWEEP_ENTRY)
 class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._redis = connect(settings.redis_url)
+        self._redis = connect(settings)
         self._lock = Pool(self._redis, settings.key_prefix).beat_lock(LOCK_TTL_SECONDS)
         self._active = False
         self._just_acquired = False

@@ -1,0 +1,123 @@
+"""What :class:`leafpool.pool.Pool` and its asyncio twin
+:class:`leafpool.pool_async.AsyncPool` share: the shapes of a tag's keys (a reserve
+:class:`Range`, a :class:`Snapshot`), the scripts, and the recipes of the commands both
+issue (queued on a sync or asyncio pipeline), so the two stay one layer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from leafpool import scripts
+from leafpool.keys import Keys, TagKeys
+
+SCRIPTS = ("push_ids", "append_reserve", "take_reserve", "push_fresh", "record")
+
+
+@dataclass(frozen=True)
+class Range:
+    """A half-open range ``[start, end)`` of IDs, stored in the reserve as ``start:end``."""
+
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def encode(self) -> str:
+        return f"{self.start}:{self.end}"
+
+    def after_taking(self, count: int) -> str:
+        """The encoded head once its first ``count`` IDs are gone ("" when used up)."""
+        return "" if count == self.size else Range(self.start + count, self.end).encode()
+
+    def take_args(self, count: int) -> list[str | int]:
+        """ARGV of take_reserve.lua for the first ``count`` IDs of this head."""
+        return [self.encode(), self.after_taking(count), str(self.start),
+                str(self.start + count - 1), count]
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Range:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        start, _, end = text.partition(":")
+        return cls(int(start), int(end))
+
+
+@dataclass
+class Snapshot:
+    """One consistent read of a tag's keys (taken in a MULTI)."""
+
+    tag: str
+    length: int
+    reserve: list[Range]
+    state: dict[str, str] = field(default_factory=dict)
+    locked: bool = False
+
+    @property
+    def known(self) -> bool:
+        """Registered: the state has a mode (a stray counter alone does not make a tag)."""
+        return "mode" in self.state
+
+    @property
+    def reserve_size(self) -> int:
+        return sum(r.size for r in self.reserve)
+
+    @property
+    def floor(self) -> int:
+        """The first ID the pool may still take from the database: above everything it
+        allocated (``max_id``, the reserve) and handed out (``hwm``)."""
+        hwm = self.state.get("hwm")
+        ends = [self.int("max_id"), int(hwm) + 1 if hwm else 0]
+        return max([*ends, *(r.end for r in self.reserve)])
+
+    def int(self, name: str, default: int = 0) -> int:
+        value = self.state.get(name)
+        return int(value) if value not in (None, "") else default
+
+    def float(self, name: str, default: float = 0.0) -> float:
+        value = self.state.get(name)
+        return float(value) if value not in (None, "") else default
+
+
+def text(raw: object) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def _decode_map(raw: Mapping[bytes, bytes]) -> dict[str, str]:
+    return {text(k): text(v) for k, v in raw.items()}
+
+
+SNAPSHOT_REPLIES = 4
+
+
+def queue_snapshot(pipe: Any, k: TagKeys) -> None:
+    """Queue the commands of one snapshot on a pipeline (sync or asyncio)."""
+    pipe.llen(k.ids)
+    pipe.lrange(k.reserve, 0, -1)
+    pipe.hgetall(k.state)
+    pipe.exists(k.lock)
+
+
+def snapshot_from(tag: str, replies: Sequence[Any]) -> Snapshot:
+    """The :class:`Snapshot` read by :func:`queue_snapshot`'s commands."""
+    length, reserve, state, locked = replies
+    return Snapshot(tag, int(length), [Range.decode(r) for r in reserve], _decode_map(state),
+                    bool(locked))
+
+
+def queue_want(pipe: Any, keys: Keys, tag: str) -> None:
+    """Queue an empty-pool hit: ask the sweep for a refill and count it."""
+    pipe.sadd(keys.wanted, tag)
+    pipe.hincrby(keys.tag(tag).state, "empty_hits", 1)
+
+
+def register_scripts(client: Any) -> dict[str, Any]:
+    """The scripts registered on ``client`` (sync or asyncio), by name."""
+    return {name: client.register_script(scripts.source(name)) for name in SCRIPTS}
+
+
+def take_result(tag: str, head: Range, count: int, code: int) -> list[int] | int:
+    """The IDs a take_reserve call gave (code 1), or its refusal code."""
+    return list(range(head.start, head.start + count)) if code == 1 else code
