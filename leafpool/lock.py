@@ -5,6 +5,7 @@ no longer write anything."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -60,11 +61,8 @@ class RefillLock:
         if not self.held:
             return
         self.held = False
-        try:
-            with redis_errors(f"{self._lock.name}: release"):
-                self._lock.release()
-        except LockError:
-            pass  # expired or taken over: nothing of ours to release
+        with redis_errors(f"{self._lock.name}: release"), contextlib.suppress(LockError):
+            self._lock.release()  # LockError: expired or taken over, nothing of ours
 
     def __enter__(self) -> RefillLock:
         return self
