@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 
 from leafpool import scripts
 from leafpool.config import Settings, get_settings
-from leafpool.errors import InvalidArgument, PoolEmpty, UnknownTag
+from leafpool.errors import InvalidArgument, PoolEmpty, ReplicasBehind, UnknownTag
 from leafpool.pool import Pool
 from leafpool.pool_async import AsyncPool
 from leafpool.redis_conn import connect, connect_async
@@ -99,8 +99,12 @@ class Client(_Base):
         self.pool = Pool(self.redis, s.key_prefix)
         self.keys = self.pool.keys
         self._monotonic = monotonic
+        if s.pop_replicas_required != 0:
+            self.pool.require_replicas(s.pop_replicas_required, s.pop_wait_ms)
 
     def next_id(self, tag: str) -> int:
+        if self.pool.acks:
+            return self._acknowledged(lambda: self._next_ids(tag, 1))[0]
         value = self.pool.pop(tag if tag in self._valid else self._check(tag))
         if value is not None:
             return value
@@ -108,11 +112,27 @@ class Client(_Base):
 
     def next_ids(self, tag: str, n: int) -> list[int]:
         """``n`` IDs in one round trip, strictly increasing."""
+        if self.pool.acks:
+            return self._acknowledged(lambda: self._next_ids(tag, n))
+        return self._next_ids(tag, n)
+
+    def _next_ids(self, tag: str, n: int) -> list[int]:
         got = self.pool.pop_many(tag if tag in self._valid else self._check(tag),
                                  _check_count(n))
         if len(got) == n:
             return got
         return self._on_empty(tag, n, got)
+
+    def _acknowledged(self, call: Callable[[], list[int]]) -> list[int]:
+        """``call`` again while too few replicas acknowledge its pop (its IDs were
+        dropped), up to the empty-pool wait; then the last ReplicasBehind is raised."""
+        deadline = self._monotonic() + self.wait_seconds
+        while True:
+            try:
+                return call()
+            except ReplicasBehind:
+                if self._monotonic() >= deadline:
+                    raise
 
     def close(self) -> None:
         self.redis.close()
@@ -182,19 +202,46 @@ class AsyncClient(_Base):
         self.redis = redis_client or connect_async(s, timeout=max(5.0, wait + 5.0))
         self.pool = AsyncPool(self.redis, s.key_prefix)
         self.keys = self.pool.keys
+        self._replicas = s.pop_replicas_required
+        self._wait_ms = s.pop_wait_ms
+
+    async def start(self) -> None:
+        """Check the replicas a pop must wait for (``LEAFPOOL_POP_REPLICAS``) now, not at
+        the first pop; the first pop does it otherwise."""
+        if self._replicas != 0 and not self.pool.acks:
+            await self.pool.require_replicas(self._replicas, self._wait_ms)
 
     async def next_id(self, tag: str) -> int:
+        if self._replicas != 0:
+            return (await self._acknowledged(tag, 1))[0]
         value = await self.pool.pop(tag if tag in self._valid else self._check(tag))
         if value is not None:
             return value
         return (await self._on_empty(tag, 1, []))[0]
 
     async def next_ids(self, tag: str, n: int) -> list[int]:
+        if self._replicas != 0:
+            return await self._acknowledged(tag, n)
+        return await self._next_ids(tag, n)
+
+    async def _next_ids(self, tag: str, n: int) -> list[int]:
         got = await self.pool.pop_many(tag if tag in self._valid else self._check(tag),
                                        _check_count(n))
         if len(got) == n:
             return got
         return await self._on_empty(tag, n, got)
+
+    async def _acknowledged(self, tag: str, n: int) -> list[int]:
+        await self.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_seconds
+        while True:
+            try:
+                return await self._next_ids(tag, n)
+            except ReplicasBehind as exc:
+                await self.pool.count_dropped(tag, exc.discarded)
+                if loop.time() >= deadline:
+                    raise
 
     async def aclose(self) -> None:
         await self.redis.aclose()

@@ -97,6 +97,10 @@ _COUNTERS: list[tuple[str, str, str, tuple[str, ...]]] = [
      "(empty-pool policy 'reserve')", "reserve_takes", ("segment",)),
     ("leafpool_db_allocations", "Segments allocated from the database", "allocations",
      ("segment",)),
+    ("leafpool_redis_failovers", "Redis master changes a refill of the tag noticed "
+     "(a new replication ID)", "failovers", MODES),
+    ("leafpool_pool_unacked_ids", "IDs dropped, never handed out, because fewer than "
+     "LEAFPOOL_POP_REPLICAS replicas acknowledged their pop in time", "unacked_ids", MODES),
     ("leafpool_snowflake_clock_backwards", "Clock-backwards events of the generators "
      "filling the tag", "backwards_events", ("snowflake",)),
 ]

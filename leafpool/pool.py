@@ -6,15 +6,17 @@ This module owns no policy: how much to push and when is :mod:`leafpool.refill`'
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import redis
 from redis.lock import Lock
 
-from leafpool import scripts
-from leafpool.errors import StaleWrite
+from leafpool import replicas, scripts
+from leafpool.errors import BackendUnavailable, ReplicasBehind, StaleWrite
 from leafpool.keys import Keys, TagKeys
 from leafpool.lock import RefillLock
 from leafpool.pool_common import SNAPSHOT_REPLIES as SNAPSHOT_REPLIES
@@ -35,6 +37,9 @@ log = logging.getLogger(__name__)
 
 class Pool:
     """Redis operations on the pools under one key prefix."""
+
+    acks = 0  # replicas that must acknowledge a pop (LEAFPOOL_POP_REPLICAS; 0: none)
+    ack_wait_ms = 100
 
     def __init__(self, client: redis.Redis, prefix: str = "leafpool") -> None:
         self.redis = client
@@ -75,6 +80,9 @@ class Pool:
 
     def pop(self, tag: str) -> int | None:
         """``LPOP`` one ID (None when the list is empty): the hot path."""
+        if self.acks:
+            got = self.pop_many(tag, 1)
+            return got[0] if got else None
         key = self._ids_keys.get(tag) or self._ids_key(tag)
         try:
             raw = self.redis.lpop(key)
@@ -85,6 +93,9 @@ class Pool:
     def pop_many(self, tag: str, count: int) -> list[int]:
         """``LPOP key count``: up to ``count`` IDs, in order."""
         key = self._ids_keys.get(tag) or self._ids_key(tag)
+        if self.acks:
+            raw, acked = self._then_wait(tag, key, lambda pipe: pipe.lpop(key, count))
+            return self._acknowledged(tag, list(map(int, raw)) if raw else [], acked)
         try:
             raw = self.redis.lpop(key, count)
         except redis.RedisError as exc:
@@ -93,8 +104,14 @@ class Pool:
 
     def wait_pop(self, tag: str, timeout: float) -> int | None:
         """``BLPOP`` one ID, waiting up to ``timeout`` seconds for a refill."""
+        key = self._ids_key(tag)
+        if self.acks:
+            popped, acked = self._then_wait(tag, key,
+                                            lambda pipe: pipe.blpop([key], timeout=timeout))
+            got = self._acknowledged(tag, [] if popped is None else [int(popped[1])], acked)
+            return got[0] if got else None
         with redis_errors(f"{tag}: BLPOP"):
-            popped = self.redis.blpop([self._ids_key(tag)], timeout=timeout)
+            popped = self.redis.blpop([key], timeout=timeout)
         return None if popped is None else int(popped[1])  # type: ignore[index]
 
     def _ids_key(self, tag: str) -> str:
@@ -265,9 +282,62 @@ class Pool:
         Returns the IDs taken, or the script's refusal code (nothing written)."""
         k = self.tag(tag)
         count = min(count, head.size)
+        keys, args = [k.ids, k.reserve, k.state], head.take_args(count)
+        if self.acks:
+            code, acked = self._then_wait(
+                tag, k.ids, lambda pipe: self._take(keys=keys, args=args, client=pipe))
+            taken = take_result(tag, head, count, int(code))
+            return self._acknowledged(tag, taken, acked) if isinstance(taken, list) else taken
         with redis_errors(f"{tag}: take reserve"):
-            code = int(self._take(keys=[k.ids, k.reserve, k.state], args=head.take_args(count)))
+            code = int(self._take(keys=keys, args=args))
         return take_result(tag, head, count, code)
+
+    # -- replica-acknowledged pops (docs/design.md §7) -------------------------------------
+
+    def require_replicas(self, required: int | str, wait_ms: int) -> int:
+        """From now on hand out a pop's IDs only once ``required`` replicas (a number, or
+        ``all`` connected now) acknowledged it within ``wait_ms``; a requirement the
+        master cannot meet now is refused here, not discovered pop by pop."""
+        self.acks, self.ack_wait_ms = replicas.required(self.redis, required), wait_ms
+        return self.acks
+
+    def note_master(self, snap: Snapshot, now_ms: int) -> bool:
+        """Record which master serves the tag and its replication ID; a new ID means a
+        failover promoted a replica (or the master restarted without its data): counted
+        in ``failovers``, logged, and the refill goes on from the promoted node's state
+        (its high-water mark and reserve fence every write). True on a failover."""
+        replid, where = replicas.replication_id(self.redis, self.tag(snap.tag).ids)
+        before = snap.state.get("redis_replid", "")
+        changed = bool(before) and before != replid
+        if changed:
+            log.warning("%s: Redis master changed (replication ID %s -> %s, now %s): "
+                        "going on from its state", snap.tag, before, replid, where)
+        if changed or before != replid or snap.state.get("redis_node") != where:
+            self.record(snap.tag, counts={"failovers": 1} if changed else None,
+                        redis_replid=replid, redis_node=where,
+                        **({"last_failover_ms": now_ms} if changed else {}))
+        return changed
+
+    def _then_wait(self, tag: str, key: str, queue: Callable[[Any], object]) -> tuple[Any, int]:
+        """The command ``queue`` puts on a pipeline, then ``WAIT acks ms``, in one round
+        trip on the node holding ``key``: (its reply, replicas that acknowledged it)."""
+        try:
+            pipe = replicas.node_of(self.redis, key).pipeline(transaction=False)
+            queue(pipe)
+            pipe.execute_command("WAIT", self.acks,  # type: ignore[no-untyped-call]
+                                 self.ack_wait_ms)
+            reply, acked = pipe.execute()
+        except redis.RedisError as exc:
+            raise wrap(exc, f"{tag}: pop") from exc
+        return reply, int(acked)
+
+    def _acknowledged(self, tag: str, ids: list[int], acked: int) -> list[int]:
+        if ids and acked < self.acks:
+            replicas.log_discarded(tag, len(ids), acked, self.acks)
+            with contextlib.suppress(BackendUnavailable):
+                self.record(tag, counts={"unacked_ids": len(ids)})
+            raise ReplicasBehind(tag, len(ids), acked, self.acks)
+        return ids
 
     def reserve_head(self, tag: str) -> Range | None:
         with redis_errors(f"{tag}: reserve head"):

@@ -7,11 +7,17 @@ synchronous (Celery tasks)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
+from leafpool import replicas
+from leafpool.errors import BackendUnavailable, ReplicasBehind
 from leafpool.keys import Keys, TagKeys
 from leafpool.pool_common import (
     SNAPSHOT_REPLIES,
@@ -30,11 +36,16 @@ from leafpool.redis_conn import redis_errors, wrap
 class AsyncPool:
     """asyncio Redis operations on the pools under one key prefix."""
 
+    acks = 0  # replicas that must acknowledge a pop (LEAFPOOL_POP_REPLICAS; 0: none)
+    ack_wait_ms = 100
+
     def __init__(self, client: aioredis.Redis, prefix: str = "leafpool") -> None:
         self.redis = client
         self.keys = Keys(prefix)
-        self._take = register_scripts(client)["take_reserve"]
+        registered = register_scripts(client)
+        self._take, self._record = registered["take_reserve"], registered["record"]
         self._ids_keys: dict[str, str] = {}
+        self._nodes: dict[str, aioredis.Redis] = {}
 
     def tag(self, tag: str) -> TagKeys:
         return self.keys.tag(tag)
@@ -48,6 +59,9 @@ class AsyncPool:
     # -- the client's commands ------------------------------------------------------------
 
     async def pop(self, tag: str) -> int | None:
+        if self.acks:
+            got = await self.pop_many(tag, 1)
+            return got[0] if got else None
         try:
             raw = await self.redis.lpop(self._ids_key(tag))
         except redis.RedisError as exc:
@@ -55,6 +69,10 @@ class AsyncPool:
         return None if raw is None else int(raw)  # type: ignore[arg-type]
 
     async def pop_many(self, tag: str, count: int) -> list[int]:
+        if self.acks:
+            key = self._ids_key(tag)
+            raw, acked = await self._then_wait(tag, key, lambda pipe: pipe.lpop(key, count))
+            return self._acknowledged(tag, list(map(int, raw)) if raw else [], acked)
         try:
             raw = await self.redis.lpop(self._ids_key(tag), count)
         except redis.RedisError as exc:
@@ -62,6 +80,12 @@ class AsyncPool:
         return list(map(int, raw)) if raw else []  # type: ignore[arg-type]
 
     async def wait_pop(self, tag: str, timeout: float) -> int | None:
+        if self.acks:
+            key = self._ids_key(tag)
+            popped, acked = await self._then_wait(
+                tag, key, lambda pipe: pipe.blpop([key], timeout=timeout))
+            got = self._acknowledged(tag, [] if popped is None else [int(popped[1])], acked)
+            return got[0] if got else None
         with redis_errors(f"{tag}: BLPOP"):
             popped = await self.redis.blpop([self._ids_key(tag)], timeout=timeout)
         return None if popped is None else int(popped[1])
@@ -84,10 +108,75 @@ class AsyncPool:
     async def take_reserve(self, tag: str, head: Range, count: int) -> list[int] | int:
         k = self.tag(tag)
         count = min(count, head.size)
+        keys, args = [k.ids, k.reserve, k.state], head.take_args(count)
+        if self.acks:
+            code, acked = await self._then_wait(
+                tag, k.ids, lambda pipe: self._take(keys=keys, args=args, client=pipe))
+            taken = take_result(tag, head, count, int(code))
+            return self._acknowledged(tag, taken, acked) if isinstance(taken, list) else taken
         with redis_errors(f"{tag}: take reserve"):
-            code = int(await self._take(keys=[k.ids, k.reserve, k.state],
-                                        args=head.take_args(count)))
+            code = int(await self._take(keys=keys, args=args))
         return take_result(tag, head, count, code)
+
+    # -- replica-acknowledged pops (docs/design.md §7; see leafpool.pool.Pool) ------------
+
+    async def require_replicas(self, required: int | str, wait_ms: int) -> int:
+        if required == 0:
+            return 0
+        try:
+            infos = [await m.info("replication") for m in self._masters()]
+        except redis.RedisError as exc:
+            raise wrap(exc, "INFO replication") from exc
+        connected = min(int(i.get("connected_slaves", 0)) for i in infos)
+        self.acks, self.ack_wait_ms = replicas.need(required, connected), wait_ms
+        return self.acks
+
+    def _masters(self) -> list[aioredis.Redis]:
+        if isinstance(self.redis, AsyncRedisCluster):
+            return [self._node(n.host, n.port) for n in self.redis.get_primaries()]
+        return [self.redis]
+
+    def _node(self, host: str, port: int) -> aioredis.Redis:
+        """A plain client of one cluster node (a WAIT must follow the pop on its node)."""
+        name = f"{host}:{port}"
+        client = self._nodes.get(name)
+        if client is None:
+            kwargs = self.redis.get_connection_kwargs()  # type: ignore[no-untyped-call]
+            client = self._nodes[name] = aioredis.Redis(
+                host=host, port=port, socket_timeout=kwargs.get("socket_timeout"),
+                socket_connect_timeout=kwargs.get("socket_connect_timeout"),
+                password=kwargs.get("password"), username=kwargs.get("username"))
+        return client
+
+    def _node_of(self, key: str) -> aioredis.Redis:
+        if isinstance(self.redis, AsyncRedisCluster):
+            node = self.redis.get_node_from_key(key)
+            return self._node(node.host, node.port)
+        return self.redis
+
+    async def _then_wait(self, tag: str, key: str,
+                         queue: Callable[[Any], object]) -> tuple[Any, int]:
+        try:
+            pipe = self._node_of(key).pipeline(transaction=False)
+            queued = queue(pipe)
+            if inspect.isawaitable(queued):  # a script queues itself asynchronously
+                await queued
+            pipe.execute_command("WAIT", self.acks, self.ack_wait_ms)
+            reply, acked = await pipe.execute()
+        except redis.RedisError as exc:
+            raise wrap(exc, f"{tag}: pop") from exc
+        return reply, int(acked)
+
+    def _acknowledged(self, tag: str, ids: list[int], acked: int) -> list[int]:
+        if ids and acked < self.acks:
+            replicas.log_discarded(tag, len(ids), acked, self.acks)
+            raise ReplicasBehind(tag, len(ids), acked, self.acks)
+        return ids
+
+    async def count_dropped(self, tag: str, count: int) -> None:
+        """Count IDs dropped for want of acknowledgements in the tag's ``unacked_ids``."""
+        with contextlib.suppress(BackendUnavailable), redis_errors(f"{tag}: record"):
+            await self._record(keys=[self.tag(tag).state], args=[0, "unacked_ids", count])
 
     # -- reads for the HTTP service ---------------------------------------------------------
 

@@ -108,6 +108,7 @@ class Refiller(ABC):
             mode = snap.state.get("mode", "segment")
             if mode != self.mode:
                 return RefillResult(tag, skipped=f"mode is {mode}")
+            self.pool.note_master(snap, self._now_ms())
             try:
                 result = self._refill_locked(snap, lock, force)
             except LeafpoolError as exc:

@@ -35,6 +35,11 @@ class TagStatus:
     # segment tags: database allocations
     allocations: int = 0
     last_alloc_ms: float | None = None
+    # Redis: the node serving the tag, failovers seen, IDs dropped for want of replicas
+    redis_node: str = ""
+    failovers: int = 0
+    last_failover_ms: int | None = None
+    unacked_ids: int = 0
     # snowflake tags
     worker_ids: list[str] = field(default_factory=list)
     lease_state: str = ""
@@ -86,6 +91,10 @@ def tag_status(snap: Snapshot) -> TagStatus:
         hwm=snap.state.get("hwm", ""),
         allocations=snap.int("allocations"),
         last_alloc_ms=_opt_float(snap, "last_alloc_ms"),
+        redis_node=snap.state.get("redis_node", ""),
+        failovers=snap.int("failovers"),
+        last_failover_ms=_opt_int(snap, "last_failover_ms"),
+        unacked_ids=snap.int("unacked_ids"),
         worker_ids=[w for w in snap.state.get("worker_ids", "").split(",") if w],
         lease_state=snap.state.get("lease_state", ""),
         backwards_events=snap.int("backwards_events"),

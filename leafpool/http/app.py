@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 
 from leafpool.config import Settings, get_settings
+from leafpool.errors import BackendUnavailable
 from leafpool.http import decode, ids, ops, pages
 from leafpool.http.service import Service
 
@@ -26,6 +27,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
+            try:  # a replica requirement the master cannot meet stops the start here
+                await service.client.start()
+            except BackendUnavailable as exc:  # Redis down: checked at the first pop
+                log.warning("http: replicas not checked at start: %s", exc)
             yield
         finally:
             await service.aclose()
