@@ -50,6 +50,7 @@ class Pool:
         self._take = registered["take_reserve"]
         self._fresh = registered["push_fresh"]
         self._record = registered["record"]
+        self._drop = registered["drop"]
         self._ids_keys: dict[str, str] = {}
 
     def tag(self, tag: str) -> TagKeys:
@@ -140,20 +141,15 @@ class Pool:
         With ``if_created_ms``, only while the tag's state still has that ``created_ms``
         (a tag dropped and registered again meanwhile is kept). True when dropped."""
         k = self.tag(tag)
-        with redis_errors(f"{tag}: drop"), self.redis.pipeline(transaction=True) as pipe:
-            try:
-                if if_created_ms is not None:
-                    pipe.watch(k.state)  # type: ignore[no-untyped-call]
-                    current = pipe.hget(k.state, "created_ms")
-                    if (text(current) if current is not None else "") != if_created_ms:
-                        return False
-                    pipe.multi()
-                pipe.srem(self.keys.tags, tag)
-                pipe.srem(self.keys.wanted, tag)
-                pipe.delete(*k.all())
-                pipe.execute()
-            except redis.WatchError:
+        keys = [k.state, *(key for key in k.all() if key != k.state)]
+        with redis_errors(f"{tag}: drop"):
+            if not self._drop(keys=keys, args=["*" if if_created_ms is None else if_created_ms]):
                 return False
+            # the global sets live in other slots of a Redis Cluster: a second round trip
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.srem(self.keys.tags, tag)
+            pipe.srem(self.keys.wanted, tag)
+            pipe.execute()
         return True
 
     def tags(self) -> list[str]:

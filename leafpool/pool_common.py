@@ -12,7 +12,7 @@ from typing import Any
 from leafpool import scripts
 from leafpool.keys import Keys, TagKeys
 
-SCRIPTS = ("push_ids", "append_reserve", "take_reserve", "push_fresh", "record")
+SCRIPTS = ("push_ids", "append_reserve", "take_reserve", "push_fresh", "record", "drop")
 
 
 @dataclass(frozen=True)

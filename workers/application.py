@@ -38,6 +38,7 @@ app.conf.update(
         "visibility_timeout": settings.visibility_timeout,
         "unacked_restore_interval": max(1, min(10, settings.visibility_timeout // 3)),
         "unacked_restore_throttle": 1,
+        **settings.broker_options,  # Sentinel: the master name
     },
     broker_connection_retry_on_startup=True,
     task_ignore_result=True,
