@@ -9,6 +9,10 @@ choice and not Sentinel's, whose selection may reject a replica that was unreach
 (SIGSTOPped) for a while. Either way the promoted node serves the data it had. The test
 uses two processes on two cores instead of five, and Sentinel's own promotion is tested
 separately below.
+
+The replica lags through :func:`tests.topologies.stall`, not SIGSTOP alone: on loopback
+the pop reaches a stopped replica's socket buffer and survives the master's SIGKILL. Run
+with a bare SIGSTOP, the hazard test fails (the promoted replica pops 2, not 1).
 """
 
 from __future__ import annotations
@@ -271,3 +275,13 @@ def _running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def test_cluster_promotion_is_found_after_it_happened(redis_cluster: t.Cluster) -> None:
+    """wait_promotion needs no snapshot from kill_master: a paused master's replica is found
+    once promoted, and again when asked after the failover is over."""
+    victim = redis_cluster.masters()[1]
+    replica = redis_cluster.replicas_of(victim)[0]
+    victim.pause()
+    assert redis_cluster.wait_promotion(victim, timeout=30) is replica
+    assert redis_cluster.wait_promotion(victim, timeout=30) is replica

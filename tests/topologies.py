@@ -572,6 +572,11 @@ class Cluster(Topology):
         super().__init__()
         self.nodes: list[Node] = []
         self.node_timeout_ms = node_timeout_ms
+        # remembered from every CLUSTER NODES read: after a failover the dead master is
+        # listed without slots and without its replicas
+        self._ids: dict[int, str] = {}
+        self._replicas_seen: dict[str, set[int]] = {}
+        self._slots_seen: dict[str, set[str]] = {}
 
     def live(self) -> list[Node]:
         return [n for n in self.nodes if n.alive() and not n.paused()]
@@ -602,6 +607,12 @@ class Cluster(Topology):
             flags = frozenset(f[2].replace("myself,", "").split(","))
             out.append(ClusterEntry(f[0], port, flags, None if f[3] == "-" else f[3],
                                     tuple(f[8:])))
+        for e in out:
+            self._ids[e.port] = e.node_id
+            if e.master_id and not e.failed:
+                self._replicas_seen.setdefault(e.master_id, set()).add(e.port)
+            if e.is_master and e.slots and not e.failed:
+                self._slots_seen[e.node_id] = set(e.slots)
         return out
 
     def masters(self) -> list[Node]:
@@ -621,18 +632,24 @@ class Cluster(Topology):
         return RedisCluster(startup_nodes=nodes, **kwargs)
 
     def wait_ok(self, masters: int, timeout: float = 30.0) -> None:
-        """Every live node reports ``cluster_state:ok`` and sees ``masters`` healthy masters
-        covering the slots, each live replica's link to its master up."""
+        """Every live node reports ``cluster_state:ok`` and sees the same picture: ``masters``
+        healthy masters with slots and every other live node as the replica of one of them,
+        its link to it up (gossip reaches the nodes one by one)."""
 
         def check() -> str | None:
-            for node in self.live():
+            live = self.live()
+            for node in live:
                 state = node.command("CLUSTER", "INFO")
                 if "cluster_state:ok" not in state:
                     return f":{node.port} cluster_state not ok"
-                healthy = [e for e in self.entries(node)
-                           if e.is_master and e.slots and not e.failed]
-                if len(healthy) != masters:
-                    return f":{node.port} sees {len(healthy)} masters"
+                entries = self.entries(node)
+                healthy = {e.node_id for e in entries
+                           if e.is_master and e.slots and not e.failed}
+                following = [e for e in entries
+                             if e.master_id in healthy and not e.failed]
+                if len(healthy) != masters or len(following) != len(live) - masters:
+                    return (f":{node.port} sees {len(healthy)} masters and "
+                            f"{len(following)} replicas")
                 info = node.info()
                 if info["role"] == "slave" and info["master_link_status"] != "up":
                     return f"replica :{node.port} link {info['master_link_status']}"
@@ -643,18 +660,20 @@ class Cluster(Topology):
     def kill_master(self, master: Node | None = None) -> Node:
         """SIGKILL ``master`` (default: the first live master); returns it."""
         victim = master or self.masters()[0]
+        self.entries()  # the topology as it was
         victim.kill()
         return victim
 
     def wait_promotion(self, killed: Node, timeout: float = 30.0) -> Node:
-        """Until a former replica of ``killed`` serves its slots as master and the cluster is
-        ok again on every live node; returns the promoted node."""
-        entries = self.entries()
-        dead = next(e for e in entries if e.port == killed.port)
-        candidates = {e.port for e in entries if e.master_id == dead.node_id}
-        if not candidates:
-            raise RuntimeError(f"master :{killed.port} had no replica to promote")
-        wanted = set(dead.slots)
+        """Until a former replica of ``killed`` (a master SIGKILLed, stopped or paused)
+        serves its slots as master and the cluster is ok again on every live node; returns
+        the promoted node. Also when the failover is over already."""
+        self.entries()
+        dead = self._ids[killed.port]
+        candidates = self._replicas_seen.get(dead, set())
+        wanted = self._slots_seen.get(dead, set())
+        if not candidates or not wanted:
+            raise RuntimeError(f":{killed.port} was not seen as a master with replicas")
         found: list[Node] = []
 
         def check() -> str | None:
