@@ -324,6 +324,7 @@ class Pool:
                                  self.ack_wait_ms)
             reply, acked = pipe.execute()
         except redis.RedisError as exc:
+            replicas.refresh(self.redis)
             raise wrap(exc, f"{tag}: pop") from exc
         return reply, int(acked)
 

@@ -164,6 +164,9 @@ class AsyncPool:
             pipe.execute_command("WAIT", self.acks, self.ack_wait_ms)
             reply, acked = await pipe.execute()
         except redis.RedisError as exc:
+            if isinstance(self.redis, AsyncRedisCluster):  # read the slot map again
+                with contextlib.suppress(redis.RedisError):
+                    await self.redis.nodes_manager.initialize()
             raise wrap(exc, f"{tag}: pop") from exc
         return reply, int(acked)
 

@@ -38,6 +38,17 @@ def node_of(client: Any, key: str) -> redis.Redis:
     return node
 
 
+def refresh(client: Any) -> None:
+    """After an error on a cluster node: read the slot map again (a failover may have
+    moved the key's slot to a promoted replica). Pops through a node's own client do not
+    refresh the cluster client's map by themselves."""
+    if isinstance(client, RedisCluster):
+        try:
+            client.nodes_manager.initialize()
+        except redis.RedisError as exc:
+            log.info("cluster: slot map not refreshed yet: %s", exc)
+
+
 def connected_replicas(client: Any) -> int:
     """The fewest replicas any master reports connected."""
     try:
