@@ -6,6 +6,9 @@
   it exactly there.
 - ``popper TAG OUT COUNT``: pops up to COUNT IDs with LPOP (batches of ``BATCH``),
   appending each acknowledged batch to OUT; Redis errors are retried (a restart).
+- ``client TAG OUT COUNT``: takes up to COUNT IDs with leafpool's Client (settings from
+  the environment: Sentinel, replica-acknowledged pops), ``BATCH`` at a time, appending
+  each batch handed out to OUT with the time it was handed out; errors are retried.
 """
 
 from __future__ import annotations
@@ -87,11 +90,31 @@ def popper(tag: str, out: str, count: int) -> None:
             got += len(raw)
 
 
+def client(tag: str, out: str, count: int) -> None:
+    from leafpool.client import Client
+
+    batch = int(os.environ.get("BATCH", "10"))
+    leaf = Client()
+    got = 0
+    with open(out, "a") as fh:
+        print("READY", flush=True)
+        while got < count:
+            try:
+                ids = leaf.next_ids(tag, batch)
+            except LeafpoolError:
+                continue  # failover under way, or pops dropped for want of replicas
+            fh.write("".join(f"{i} {time.time():.3f}\n" for i in ids))
+            fh.flush()
+            got += len(ids)
+
+
 if __name__ == "__main__":
     role, *args = sys.argv[1:]
     if role == "refiller":
         refiller(args[0])
     elif role == "popper":
         popper(args[0], args[1], int(args[2]))
+    elif role == "client":
+        client(args[0], args[1], int(args[2]))
     else:
         raise SystemExit(f"unknown role {role}")
