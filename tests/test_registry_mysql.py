@@ -216,7 +216,7 @@ def test_missed_renew_self_fences_until_a_renew_succeeds(make: Factory) -> None:
     a = make("host-a:w:0", clock=clock)
     a.claim()
     a.check()
-    clock.advance(a.fence_after_s * 1000 + 1)
+    clock.advance(a.deadline.fence_after_s * 1000 + 1)
     with pytest.raises(WorkerIdUnavailable) as err:
         a.check()
     assert "not renewed" in str(err.value)
@@ -230,7 +230,7 @@ def test_mysql_down_at_start_uses_the_cached_lease(make: Factory, tmp_path: Path
     a.claim()
     a.record_high_water(now + 1_000)
     cached = json.loads(a.cache.path.read_text())
-    assert cached["lease_until"] == now + int(a.fence_after_s * 1000)
+    assert cached["lease_until"] == now + int(a.deadline.fence_after_s * 1000)
     a._close()  # the process dies without releasing
     a._lease = None
     down = f"mysql+pymysql://u:p@127.0.0.1:{free_port()}/x"

@@ -175,8 +175,8 @@ def test_missed_renew_self_fences_until_a_renew_succeeds(make: Factory) -> None:
     a = make("host-a:w:0", clock=clock)
     a.claim()
     a.check()
-    assert a.fence_after_s == pytest.approx(a.session.timeout_s * 2 / 3)  # type: ignore[union-attr]
-    clock.advance(a.fence_after_s * 1000 + 1)  # no renew for 2/3 of the session
+    assert a.deadline.fence_after_s == pytest.approx(a.session.timeout_s * 2 / 3)  # type: ignore[union-attr]
+    clock.advance(a.deadline.fence_after_s * 1000 + 1)  # no renew for 2/3 of the session
     with pytest.raises(WorkerIdUnavailable) as err:
         a.check()
     assert "not renewed" in str(err.value)

@@ -22,11 +22,12 @@ behind the recorded timestamp. Usage, one per generator process (after the fork)
 
 from __future__ import annotations
 
-from typing import Any
+from importlib import import_module
+from typing import Any, cast
 
 from leafpool.config import Settings
 from leafpool.errors import ConfigurationError
-from leafpool.registry.base import BaseRegistry, Lease, WorkerIdRegistry
+from leafpool.registry.base import BaseRegistry, Lease
 from leafpool.registry.identity import (
     default_identity,
     process_identity,
@@ -35,7 +36,14 @@ from leafpool.registry.identity import (
 )
 from leafpool.registry.leased import LeasedGenerator
 
-MODES = ("zk", "zk_recycle", "mysql", "local")
+#: mode -> (module, class), imported when the mode is opened
+REGISTRIES = {
+    "zk": ("zk", "ZkRegistry"),
+    "zk_recycle": ("recycle", "RecycleRegistry"),
+    "mysql": ("mysql", "MySqlRegistry"),
+    "local": ("local", "LocalRegistry"),
+}
+MODES = tuple(REGISTRIES)
 
 
 def open_registry(settings: Settings, identity: str, **kwargs: Any) -> BaseRegistry:
@@ -46,23 +54,11 @@ def open_registry(settings: Settings, identity: str, **kwargs: Any) -> BaseRegis
     ``connect_timeout_s`` (ZooKeeper modes), ``engine`` (mysql)."""
     validate_identity(identity)
     mode = settings.snowflake_mode
-    if mode == "zk":
-        from leafpool.registry.zk import ZkRegistry
-
-        return ZkRegistry(settings, identity, **kwargs)
-    if mode == "zk_recycle":
-        from leafpool.registry.recycle import RecycleRegistry
-
-        return RecycleRegistry(settings, identity, **kwargs)
-    if mode == "mysql":
-        from leafpool.registry.mysql import MySqlRegistry
-
-        return MySqlRegistry(settings, identity, **kwargs)
-    if mode == "local":
-        from leafpool.registry.local import LocalRegistry
-
-        return LocalRegistry(settings, identity, **kwargs)
-    raise ConfigurationError("LEAFPOOL_SNOWFLAKE_MODE", mode, f"one of {', '.join(MODES)}")
+    if mode not in REGISTRIES:
+        raise ConfigurationError("LEAFPOOL_SNOWFLAKE_MODE", mode, f"one of {', '.join(MODES)}")
+    module, name = REGISTRIES[mode]
+    registry = getattr(import_module(f"leafpool.registry.{module}"), name)
+    return cast(type[BaseRegistry], registry)(settings, identity, **kwargs)
 
 
 __all__ = [
@@ -70,7 +66,6 @@ __all__ = [
     "BaseRegistry",
     "Lease",
     "LeasedGenerator",
-    "WorkerIdRegistry",
     "default_identity",
     "open_registry",
     "process_identity",

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from leafpool.config import Settings
 from leafpool.errors import LeafpoolError
-from leafpool.registry.base import BaseRegistry, Lease, WorkerIdRegistry
+from leafpool.registry.base import BaseRegistry, Lease
 from leafpool.snowflake import SnowflakeGenerator, wall_clock_ms
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 class LeasedGenerator:
     def __init__(
         self,
-        registry: WorkerIdRegistry,
+        registry: BaseRegistry,
         settings: Settings,
         *,
         window_ms: int | None = None,
@@ -65,8 +65,7 @@ class LeasedGenerator:
         """What status shows for this generator's worker ID: ``held (mode, from
         source)``, ``fenced: <why>`` once the registry fenced it (for good), or
         ``unavailable: <error>`` when no worker ID could be claimed."""
-        registry = self.registry
-        fenced = registry.fenced if isinstance(registry, BaseRegistry) else None
+        fenced = self.registry.fenced
         if fenced is not None:
             return f"fenced: {fenced}"
         lease = self.lease

@@ -24,17 +24,14 @@ timestamp any cache file in the directory recorded for that worker ID.
 from __future__ import annotations
 
 import fcntl
-import logging
 import os
 from typing import Any
 
 from leafpool.config import LOCAL_MAP_ENV, Settings
 from leafpool.errors import ConfigurationError, WorkerIdUnavailable
-from leafpool.registry.base import BaseRegistry, Lease
-from leafpool.registry.cache import read_all
+from leafpool.registry.base import BaseRegistry, Lease, Start
+from leafpool.registry.cache import CacheRecord, read_all
 from leafpool.snowflake import MAX_WORKER_ID
-
-log = logging.getLogger(__name__)
 
 
 class LocalRegistry(BaseRegistry):
@@ -45,9 +42,10 @@ class LocalRegistry(BaseRegistry):
         self.mapping = settings.local_map  # parsed and validated with the settings
         self._lock_fd: int | None = None
 
-    def worker_id_for_identity(self) -> int:
+    def worker_id_for_identity(self, cached: CacheRecord | None = None) -> int:
+        """The mapped worker ID; with an empty map the lowest free one, locked."""
         if self.mapping is None:
-            return self._lowest_free()
+            return self._lowest_free(cached)
         if isinstance(self.mapping, int):
             return self.mapping
         try:
@@ -58,10 +56,8 @@ class LocalRegistry(BaseRegistry):
                 f"has no entry for this process's identity {self.identity!r}",
             ) from None
 
-    def _lowest_free(self) -> int:
-        """Host-local allocation (empty map): this identity's previous worker ID if it is
-        free, else the lowest free one. Returns it already locked."""
-        own = self.read_cache()
+    def _lowest_free(self, own: CacheRecord | None) -> int:
+        """This identity's previous worker ID if it is free, else the lowest free one."""
         order = list(range(MAX_WORKER_ID + 1))
         if own is not None:
             order.remove(own.worker_id)
@@ -76,28 +72,17 @@ class LocalRegistry(BaseRegistry):
             f"{self.identity}: all {MAX_WORKER_ID + 1} worker IDs are held by processes on "
             f"this host ({self.cache_dir})")
 
-    def _claim(self) -> Lease:
-        worker_id = self.worker_id_for_identity()
+    def _acquire(self, cached: CacheRecord | None) -> Start:
+        worker_id = self.worker_id_for_identity(cached)
         if self._lock_fd is None:
             self._lock_worker(worker_id)
-        try:
-            own = self.read_cache()
-            recorded, where = 0, "no cache file yet"
-            for path, record in read_all(self.cache_dir, self.identity):
-                mine = record.identity == self.identity
-                if (record.worker_id == worker_id or mine) and record.last_timestamp > recorded:
-                    recorded, where = record.last_timestamp, f"the cache file {path}"
-            if own is not None and own.last_timestamp > recorded:
-                recorded, where = own.last_timestamp, f"the cache file {self.cache.path}"
-            now = self._verify_clock(worker_id, recorded, where)
-            ts = max(now, recorded)
-            self._write_cache(worker_id, ts)
-            self._high_water = ts
-        except BaseException:
-            self._unlock()
-            raise
+        recorded, where = 0, "no cache file yet"
+        for path, record in read_all(self.cache_dir, self.identity):
+            mine = record.identity == self.identity
+            if (record.worker_id == worker_id or mine) and record.last_timestamp > recorded:
+                recorded, where = record.last_timestamp, f"the cache file {path}"
         source = "local-host" if self.mapping is None else "local-map"
-        return Lease(worker_id, recorded, source, self.identity, self.mode)
+        return self._start(worker_id, recorded, where, cached, source)
 
     def _lock_worker(self, worker_id: int) -> None:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -113,18 +98,10 @@ class LocalRegistry(BaseRegistry):
             ) from exc
         self._lock_fd = fd
 
-    def _unlock(self) -> None:
+    def _write_mark(self, lease: Lease, ms: int) -> None:
+        """The map is static: the mark lives in the cache file (written by the base)."""
+
+    def _close(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing the descriptor drops the flock
             self._lock_fd = None
-
-    def _record(self, lease: Lease, ms: int) -> None:
-        """The map is static: the mark lives in the cache file (written by the caller)."""
-
-    def _tick(self, lease: Lease) -> None:
-        ts = max(self.clock(), self._high_water)
-        self._write_cache(lease.worker_id, ts)
-        self._high_water = ts
-
-    def _close(self) -> None:
-        self._unlock()

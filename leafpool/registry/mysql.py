@@ -21,9 +21,9 @@ the lowest free id, else recycles the row whose lease expired longest ago
 refuses: never a wrap into a duplicate. An identity whose row is still leased by another
 live process is refused too.
 
-The holder renews every ``snowflake_renew_seconds`` and fences itself (:meth:`check`
-raises) when no renew succeeded within 2/3 of the lease; a recycler waits for the whole
-lease to pass by the database's clock.
+The holder renews every ``snowflake_renew_seconds`` and fences itself when no renew
+succeeded within 2/3 of the lease (:class:`~leafpool.registry.timing.LeaseDeadline`); a
+recycler waits for the whole lease to pass by the database's clock.
 
 When the database is unreachable at start, the cache file supplies the worker ID (same
 clock check) but only while the lease it recorded is still running: until then no one
@@ -46,6 +46,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    and_,
     case,
     func,
     literal_column,
@@ -60,13 +61,12 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlch
 from leafpool.config import Settings
 from leafpool.db import ddl_statement, make_engine, transaction
 from leafpool.errors import BackendUnavailable, ConfigurationError, WorkerIdUnavailable
-from leafpool.registry.base import BaseRegistry, Lease
+from leafpool.registry.base import BaseRegistry, Lease, Start
 from leafpool.registry.cache import CacheRecord
 from leafpool.snowflake import MAX_WORKER_ID
 
 log = logging.getLogger(__name__)
 
-FENCE_FRACTION = 2 / 3
 CLAIM_ATTEMPTS = 5
 MYSQL_DEADLOCK = {1205, 1213}  # lock wait timeout, deadlock: retry the claim
 
@@ -112,23 +112,10 @@ class MySqlRegistry(BaseRegistry):
                     "snowflake mode mysql needs a MySQL/MariaDB URL (mysql+pymysql://...)",
                 )
             engine = make_engine(url)
-        lease_s = settings.snowflake_lease_seconds
-        if settings.snowflake_renew_seconds >= lease_s * FENCE_FRACTION:
-            raise ConfigurationError(
-                "LEAFPOOL_SNOWFLAKE_RENEW_SECONDS", settings.snowflake_renew_seconds,
-                f"must be below 2/3 of LEAFPOOL_SNOWFLAKE_LEASE_SECONDS={lease_s} "
-                "(the holder fences itself when no renew succeeded for that long)",
-            )
         self.engine = engine
         self.create_table = create_table
-        self.lease_db_s = max(1, math.ceil(lease_s))
-        self.fence_after_s = lease_s * FENCE_FRACTION
-        self.degraded = False
-        self._deadline = 0.0  # monotonic: past it, check() raises until a renew succeeds
-        self._last_ok_wall = 0
-
-    def _tick_interval(self) -> float:
-        return self.settings.snowflake_renew_seconds
+        self.lease_db_s = max(1, math.ceil(settings.snowflake_lease_seconds))
+        self.degraded = False  # started from the cache file: MySQL was unreachable
 
     def _tx(self, what: str) -> AbstractContextManager[Connection]:
         """A deadlock goes up as it is (the caller retries); other driver errors become
@@ -139,10 +126,15 @@ class MySqlRegistry(BaseRegistry):
         cutoff = func.timestampadd(literal_column("SECOND"), -self.lease_db_s, func.now())
         return or_(_t.c.update_time.is_(None), _t.c.update_time < cutoff)
 
+    def _ours(self, lease: Lease) -> Any:
+        """The row of ``lease``, while this process holds it."""
+        return and_(_t.c.id == lease.worker_id, _t.c.ip_port == self.identity,
+                    _t.c.port == self.token)
+
     # -- claim --------------------------------------------------------------------------
 
-    def _claim(self) -> Lease:
-        cached = self.read_cache()
+    def _acquire(self, cached: CacheRecord | None) -> Start:
+        assert self.deadline is not None
         try:
             if self.create_table:
                 init_schema(self.engine)
@@ -150,7 +142,7 @@ class MySqlRegistry(BaseRegistry):
                 sent, sent_wall = self.monotonic(), self.clock()
                 try:
                     with self._tx("claim") as conn:
-                        lease, ts = self._claim_in(conn, cached)
+                        start = self._claim_in(conn, cached)
                 except IntegrityError as exc:
                     log.info("%s: claim raced another process (%s); retrying", self.identity,
                              exc.orig)
@@ -159,28 +151,22 @@ class MySqlRegistry(BaseRegistry):
                     log.info("%s: claim deadlocked (%s); retrying", self.identity, exc.orig)
                     continue
                 self.degraded = False
-                self._renewed(sent, sent_wall)
-                self._high_water = ts
-                self._write_cache(lease.worker_id, ts)
-                return lease
+                self.deadline.renewed(sent, sent_wall)
+                return start
             raise WorkerIdUnavailable(f"{self.identity}: claim kept racing; gave up after "
                                       f"{CLAIM_ATTEMPTS} attempts")
         except BackendUnavailable as exc:
-            lease = self._cached_start(f"MySQL unreachable ({exc})", exc)
+            start = self._cached_start(f"MySQL unreachable ({exc})", exc, cached)
             self.degraded = True
-            assert cached is not None
-            self._deadline = self.monotonic() + (cached.lease_until - self.clock()) / 1000
-            self._last_ok_wall = cached.lease_until - int(self.fence_after_s * 1000)
-            self._high_water = lease.last_timestamp_ms
-            return lease
+            return start
 
-    def _claim_in(self, conn: Connection, cached: CacheRecord | None) -> tuple[Lease, int]:
+    def _claim_in(self, conn: Connection, cached: CacheRecord | None) -> Start:
         expired = case((self._expired(), 1), else_=0).label("expired")
         row = conn.execute(
             select(_t, expired).where(_t.c.ip_port == self.identity).with_for_update()
         ).first()
         if row is not None:
-            worker_id, recorded_db = int(row.id), int(row.max_timestamp or 0)
+            worker_id, recorded, how = int(row.id), int(row.max_timestamp or 0), "reused"
             if worker_id > MAX_WORKER_ID:
                 raise WorkerIdUnavailable(
                     f"{self.identity}: its leaf_workerid_alloc row has id {worker_id}, above "
@@ -194,18 +180,14 @@ class MySqlRegistry(BaseRegistry):
                     f"another live process (renewed at {row.update_time}); two processes "
                     f"must not share an identity (retry after {self.lease_db_s}s)"
                 )
-            how = "reused"
         else:
-            worker_id, recorded_db, how = self._new_row(conn)
-        recorded, where = recorded_db, f"MySQL leaf_workerid_alloc id={worker_id}"
-        if cached is not None and cached.last_timestamp > recorded:
-            recorded, where = cached.last_timestamp, f"the cache file {self.cache.path}"
-        now = self._verify_clock(worker_id, recorded, where)
-        ts = max(now, recorded)
+            worker_id, recorded, how = self._new_row(conn)
+        start = self._start(worker_id, recorded, f"MySQL leaf_workerid_alloc id={worker_id}",
+                            cached, "mysql")
         conn.execute(_t.update().where(_t.c.id == worker_id).values(
-            ip=self.host, port=self.token, max_timestamp=ts, update_time=func.now()))
+            ip=self.host, port=self.token, max_timestamp=start.mark, update_time=func.now()))
         log.info("%s: worker %d %s from leaf_workerid_alloc", self.identity, worker_id, how)
-        return Lease(worker_id, recorded, "mysql", self.identity, self.mode), ts
+        return start
 
     def _new_row(self, conn: Connection) -> tuple[int, int, str]:
         used = set(conn.execute(
@@ -235,44 +217,26 @@ class MySqlRegistry(BaseRegistry):
 
     # -- running ------------------------------------------------------------------------
 
-    def _renewed(self, sent: float, sent_wall: int) -> None:
-        self._deadline = sent + self.fence_after_s
-        self._last_ok_wall = sent_wall
-
-    def _lease_until(self) -> int:
-        return self._last_ok_wall + int(self.fence_after_s * 1000)
-
-    def _check_live(self) -> None:
-        if self.monotonic() > self._deadline:
-            lease = self._lease
-            raise WorkerIdUnavailable(
-                f"{self.identity}: worker {lease.worker_id if lease else -1}: lease not "
-                f"renewed within {self.fence_after_s:.1f}s; self-fenced until a renew "
-                "succeeds"
-            )
-
-    def _renew(self, lease: Lease, ms: int) -> None:
+    def _renew(self, lease: Lease, ms: int) -> bool:
         """Raise the mark to ``ms`` and renew the lease, if the row is still ours."""
+        assert self.deadline is not None
         sent, sent_wall = self.monotonic(), self.clock()
         with self._tx("renew") as conn:
-            result = conn.execute(
-                _t.update()
-                .where(_t.c.id == lease.worker_id, _t.c.ip_port == self.identity,
-                       _t.c.port == self.token)
-                .values(max_timestamp=func.greatest(func.coalesce(_t.c.max_timestamp, 0), ms),
-                        update_time=func.now())
-            )
+            result = conn.execute(_t.update().where(self._ours(lease)).values(
+                max_timestamp=func.greatest(func.coalesce(_t.c.max_timestamp, 0), ms),
+                update_time=func.now()))
         if result.rowcount == 0:
             self._fence(f"leaf_workerid_alloc id={lease.worker_id} was taken over by "
                         "another process")
             self.check()
-        self._renewed(sent, sent_wall)
+        self.deadline.renewed(sent, sent_wall)
         if self.degraded:
             log.info("%s: MySQL reachable again; worker %d renewed", self.identity,
                      lease.worker_id)
             self.degraded = False
+        return True
 
-    def _record(self, lease: Lease, ms: int) -> None:
+    def _write_mark(self, lease: Lease, ms: int) -> None:
         try:
             self._renew(lease, ms)
         except BackendUnavailable:
@@ -282,25 +246,11 @@ class MySqlRegistry(BaseRegistry):
             log.warning("%s: worker %d: high-water %d recorded in the cache file only "
                         "(MySQL unreachable)", self.identity, lease.worker_id, ms)
 
-    def _tick(self, lease: Lease) -> None:
-        ts = max(self.clock(), self._high_water)
-        try:
-            self._renew(lease, ts)
-        except BackendUnavailable as exc:
-            log.warning("%s: renew failed: %s", self.identity, exc)
-            return
-        self._high_water = ts
-        self._write_cache(lease.worker_id, ts)
-
-    def _release(self, lease: Lease, final_ms: int) -> None:
+    def _give_back(self, lease: Lease, final_ms: int) -> None:
         try:
             with self._tx("release") as conn:
-                conn.execute(
-                    _t.update()
-                    .where(_t.c.id == lease.worker_id, _t.c.ip_port == self.identity,
-                           _t.c.port == self.token)
-                    .values(max_timestamp=final_ms, update_time=None)
-                )
+                conn.execute(_t.update().where(self._ours(lease)).values(
+                    max_timestamp=final_ms, update_time=None))
         except BackendUnavailable as exc:
             log.warning("%s: release of worker %d failed: %s", self.identity,
                         lease.worker_id, exc)

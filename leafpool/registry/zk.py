@@ -57,16 +57,15 @@ from kazoo.protocol.states import KazooState, ZnodeStat
 
 from leafpool.config import Settings
 from leafpool.errors import BackendUnavailable, WorkerIdUnavailable
-from leafpool.registry.base import BaseRegistry, Lease
+from leafpool.registry.base import Lease, Start
 from leafpool.registry.cache import CacheRecord
 from leafpool.registry.zk_common import (
     KAZOO_ERRORS,
     SessionInfo,
+    ZooKeeperRegistry,
     close,
-    connect,
     dump,
     load,
-    require_hosts,
     timestamp_of,
 )
 from leafpool.snowflake import MAX_WORKER_ID
@@ -91,25 +90,19 @@ def describe_holder(data: dict[str, Any], stat: ZnodeStat) -> str:
     return f"{who}ZooKeeper session 0x{stat.ephemeralOwner:x}"
 
 
-class ZkRegistry(BaseRegistry):
+class ZkRegistry(ZooKeeperRegistry):
     mode = "zk"
 
-    def __init__(self, settings: Settings, identity: str, *,
-                 connect_timeout_s: float | None = None, **kwargs: Any) -> None:
+    def __init__(self, settings: Settings, identity: str, **kwargs: Any) -> None:
         super().__init__(settings, identity, **kwargs)
-        self.hosts = require_hosts(settings.zk_hosts, self.mode)
         self.root = f"/snowflake/{self.name}"
         self.forever = f"{self.root}/forever"
         self.temporary = f"{self.root}/temporary"
         self.temp_path = f"{self.temporary}/{self.safe_identity}"
-        self.connect_timeout_s = connect_timeout_s or min(10.0, settings.snowflake_lease_seconds)
         self.op_timeout_s = min(10.0, settings.snowflake_lease_seconds)
-        self.client: KazooClient | None = None
-        self.session: SessionInfo | None = None
         self.node_path: str | None = None
         self.peer_skew_ms: float | None = None
         self.pending_sync = False  # high-water written to the cache only (ZK unreachable)
-        self._version = -1
         self._sessions: set[int] = set()  # sessions this registry created its node in
 
     @property
@@ -119,57 +112,27 @@ class ZkRegistry(BaseRegistry):
 
     # -- claim --------------------------------------------------------------------------
 
-    def _claim(self) -> Lease:
-        try:
-            client, info = connect(self.hosts,
-                                   session_timeout_s=self.settings.snowflake_lease_seconds,
-                                   connect_timeout_s=self.connect_timeout_s, what=self.identity)
-        except BackendUnavailable as exc:
-            self.node_path = None
-            return self._cached_start(f"ZooKeeper unreachable ({exc})", exc)
-        try:
-            lease = self._claim_with(client)
-        except KAZOO_ERRORS as exc:
-            close(client)
-            raise BackendUnavailable(f"{self.identity}: ZooKeeper claim failed: {exc!r}") from exc
-        except BaseException:
-            close(client)
-            raise
-        self.client, self.session = client, info
-        return lease
+    def _unreachable(self, exc: BackendUnavailable, cached: CacheRecord | None) -> Start:
+        self.node_path = None
+        return self._cached_start(f"ZooKeeper unreachable ({exc})", exc, cached)
 
-    def _claim_with(self, client: KazooClient) -> Lease:
-        client.ensure_path(self.forever)
-        client.ensure_path(self.temporary)
-        cached = self.read_cache()
-        own_stat, sent = self._take_temporary(client, cached)
+    def _claim_with(self, client: KazooClient, cached: CacheRecord | None) -> Start:
+        own_stat, sent = self._join(client, cached)
+        self._check_peers(client, own_stat, sent)
+        worker_id, path = self._find_forever(client) or self._create_forever(client)
+        raw, stat = client.get(path)
+        start = self._start(worker_id, timestamp_of(load(raw)), f"ZooKeeper {path}", cached,
+                            "zookeeper")
         try:
-            self._check_peers(client, own_stat, sent)
-            worker_id, path = self._find_forever(client) or self._create_forever(client)
-            raw, stat = client.get(path)
-            data = load(raw)
-            recorded = timestamp_of(data)
-            where = f"ZooKeeper {path}"
-            if cached is not None and cached.last_timestamp > recorded:
-                recorded, where = cached.last_timestamp, f"the cache file {self.cache.path}"
-            now = self._verify_clock(worker_id, recorded, where)
-            ts = max(now, recorded)
-            try:
-                stat = client.set(path, self._endpoint(ts), version=stat.version)
-            except BadVersionError as exc:
-                raise WorkerIdUnavailable(
-                    f"{self.identity}: worker {worker_id} ({path}) was written by another "
-                    "process while claiming it; two processes share this identity"
-                ) from exc
-            self._version = stat.version
-            self.node_path = path
-            self._write_cache(worker_id, ts)
-            self._high_water = ts
-            return Lease(worker_id, recorded, "zookeeper", self.identity, self.mode)
-        except BaseException:
-            with contextlib.suppress(*KAZOO_ERRORS):
-                client.delete(self.temp_path)
-            raise
+            stat = client.set(path, self._endpoint(start.mark), version=stat.version)
+        except BadVersionError as exc:
+            raise WorkerIdUnavailable(
+                f"{self.identity}: worker {worker_id} ({path}) was written by another "
+                "process while claiming it; two processes share this identity"
+            ) from exc
+        self._version = stat.version
+        self.node_path = path
+        return start
 
     def _endpoint(self, ts: int) -> bytes:
         return dump({"ip": self.host, "port": self.rest, "timestamp": ts, "token": self.token})
@@ -190,9 +153,11 @@ class ZkRegistry(BaseRegistry):
         writer = cached if not isinstance(pid, int) else dataclasses.replace(cached, pid=pid)
         return writer.writer_gone()
 
-    def _take_temporary(self, client: KazooClient, cached: CacheRecord | None
-                        ) -> tuple[ZnodeStat, int]:
-        """Create our ephemeral node; returns its stat and our clock when we sent it."""
+    def _join(self, client: KazooClient, cached: CacheRecord | None) -> tuple[ZnodeStat, int]:
+        """Create our ephemeral ``temporary`` node (:class:`IdentityHeld` when another
+        live process holds it); returns its stat and our clock when we sent it."""
+        client.ensure_path(self.forever)
+        client.ensure_path(self.temporary)
         for _ in range(3):
             sent = self.clock()
             try:
@@ -298,38 +263,19 @@ class ZkRegistry(BaseRegistry):
     def _write_forever(self, client: KazooClient, ts: int) -> bool:
         """Versioned write of the forever node. False when ZooKeeper did not answer;
         fences (and raises) when another process wrote it."""
-        assert self.node_path is not None
-        for _ in range(2):
-            try:
-                stat = client.set_async(self.node_path, self._endpoint(ts),
-                                        version=self._version).get(timeout=self.op_timeout_s)
-            except BadVersionError:
-                if self._adopt_own_write(client):
-                    continue
-                self._fence(f"{self.node_path} was written by another process")
-                self.check()
-            except KAZOO_ERRORS as exc:
-                log.warning("%s: ZooKeeper write of %s failed (%r); kept in the cache file",
-                            self.identity, self.node_path, exc)
-                return False
-            else:
-                self._version = stat.version
-                return True
-        return False
-
-    def _adopt_own_write(self, client: KazooClient) -> bool:
-        """After a timed-out write: if the node holds our token, that write landed."""
-        assert self.node_path is not None
+        path = self.node_path
+        assert path is not None
         try:
-            raw, stat = client.get_async(self.node_path).get(timeout=self.op_timeout_s)
-        except KAZOO_ERRORS:
+            self._write_versioned(path, lambda: client.set_async(
+                path, self._endpoint(ts), version=self._version).get(timeout=self.op_timeout_s),
+                "another process")
+        except KAZOO_ERRORS as exc:
+            log.warning("%s: ZooKeeper write of %s failed (%r); kept in the cache file",
+                        self.identity, path, exc)
             return False
-        if load(raw).get("token") == self.token:
-            self._version = stat.version
-            return True
-        return False
+        return True
 
-    def _record(self, lease: Lease, ms: int) -> None:
+    def _write_mark(self, lease: Lease, ms: int) -> None:
         client = self._connected()
         if client is None or not self._write_forever(client, ms):
             self.pending_sync = True
@@ -343,10 +289,7 @@ class ZkRegistry(BaseRegistry):
         lease = self._lease
         if lease is not None and self._fenced is None and self.node_path is None:
             try:
-                client, info = connect(self.hosts,
-                                       session_timeout_s=self.settings.snowflake_lease_seconds,
-                                       connect_timeout_s=min(2.0, self.connect_timeout_s),
-                                       what=self.identity)
+                client, info = self._connect(min(2.0, self.connect_timeout_s))
             except BackendUnavailable:
                 pass
             else:
@@ -357,18 +300,17 @@ class ZkRegistry(BaseRegistry):
                         close(client)
         super().tick()
 
-    def _tick(self, lease: Lease) -> None:
-        now = self.clock()
-        ts = max(now, self._high_water)
+    def _renew(self, lease: Lease, ms: int) -> bool:
+        """Report our clock on the ephemeral node (first: is the identity still ours?),
+        then the mark on the forever node; the cache file holds it either way."""
         client = self._connected()
         if client is not None:
-            self._touch_temporary(client, now)  # first: is the identity still ours?
+            self._touch_temporary(client, self.clock())
             if self._fenced is not None:
-                return  # logged by the fence; nothing more is written
-            if self._write_forever(client, ts):
+                return False  # logged by the fence; nothing more is written
+            if self._write_forever(client, ms):
                 self.pending_sync = False
-        self._high_water = ts
-        self._write_cache(lease.worker_id, ts)
+        return True
 
     def _touch_temporary(self, client: KazooClient, now: int) -> None:
         """Report our time on the ephemeral node; re-create it after a session expiry.
@@ -383,7 +325,8 @@ class ZkRegistry(BaseRegistry):
             except KAZOO_ERRORS as exc:
                 log.warning("%s: report to %s failed: %r", self.identity, self.temp_path, exc)
                 return
-            if not self._own(client, stat):
+            current = client.client_id[0] if client.client_id else None
+            if stat.ephemeralOwner not in self._sessions and stat.ephemeralOwner != current:
                 self._fence(f"identity held by {describe_holder(load(raw), stat)}")
                 return
             try:
@@ -392,11 +335,6 @@ class ZkRegistry(BaseRegistry):
             except KAZOO_ERRORS as exc:  # BadVersionError too: written meanwhile
                 log.warning("%s: report to %s failed: %r", self.identity, self.temp_path, exc)
             return
-
-    def _own(self, client: KazooClient, stat: ZnodeStat) -> bool:
-        """The node was created by this registry (in this session or an earlier one)."""
-        current = client.client_id[0] if client.client_id else None
-        return stat.ephemeralOwner in self._sessions or stat.ephemeralOwner == current
 
     def _recreate_temporary(self, client: KazooClient, now: int) -> bool:
         """Re-create our ephemeral node (new session); False when another session
@@ -419,11 +357,8 @@ class ZkRegistry(BaseRegistry):
         process holds the identity (else fence) and that ZooKeeper agrees on the worker
         ID; the tick then syncs the high-water mark."""
         try:
-            client.ensure_path(self.forever)
-            client.ensure_path(self.temporary)
-            cached = self.read_cache()
             try:
-                self._take_temporary(client, cached)
+                self._join(client, self.read_cache())
             except IdentityHeld as exc:
                 self._fence(f"identity held by {exc.holder}")
                 close(client)
@@ -448,7 +383,7 @@ class ZkRegistry(BaseRegistry):
             self.node_path = None
             close(client)
 
-    def _release(self, lease: Lease, final_ms: int) -> None:
+    def _give_back(self, lease: Lease, final_ms: int) -> None:
         client = self._connected()
         if client is None:
             return
@@ -459,6 +394,5 @@ class ZkRegistry(BaseRegistry):
             log.warning("%s: release in ZooKeeper failed: %r", self.identity, exc)
 
     def _close(self) -> None:
-        close(self.client)
-        self.client = None
+        super()._close()
         self.node_path = None

@@ -1,6 +1,7 @@
-"""ZooKeeper plumbing shared by the ``zk`` and ``zk_recycle`` modes: the kazoo client,
-JSON node data, and wrapping kazoo's errors in :class:`BackendUnavailable` at the
-boundary."""
+"""What the ``zk`` and ``zk_recycle`` modes share: the kazoo client, JSON node data,
+wrapping kazoo's errors in :class:`BackendUnavailable` at the boundary, and
+:class:`ZooKeeperRegistry` (connecting at the claim, the versioned writes of the mark
+node and the adoption of a lost write)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException
+from kazoo.exceptions import BadVersionError, KazooException
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 
-from leafpool.errors import BackendUnavailable, ConfigurationError
+from leafpool.config import Settings
+from leafpool.errors import BackendUnavailable, ConfigurationError, WorkerIdUnavailable
+from leafpool.registry.base import BaseRegistry, Start
+from leafpool.registry.cache import CacheRecord
 
 log = logging.getLogger(__name__)
 
@@ -118,3 +123,71 @@ def timestamp_of(data: dict[str, Any]) -> int:
         return int(value)
     except (TypeError, ValueError):
         return 0
+
+
+class ZooKeeperRegistry(BaseRegistry):
+    """A registry whose source is ZooKeeper. The mode supplies ``_claim_with`` (the claim
+    on a connected client) and ``_unreachable`` (what a start without ZooKeeper does)."""
+
+    op_timeout_s: float
+
+    def __init__(self, settings: Settings, identity: str, *,
+                 connect_timeout_s: float | None = None, **kwargs: Any) -> None:
+        super().__init__(settings, identity, **kwargs)
+        self.hosts = require_hosts(settings.zk_hosts, self.mode)
+        self.connect_timeout_s = connect_timeout_s or min(10.0, settings.snowflake_lease_seconds)
+        self.client: KazooClient | None = None
+        self.session: SessionInfo | None = None
+        self._version = -1  # the mark node's version this process last wrote
+
+    def _connect(self, connect_timeout_s: float | None = None
+                 ) -> tuple[KazooClient, SessionInfo]:
+        return connect(self.hosts, session_timeout_s=self.settings.snowflake_lease_seconds,
+                       connect_timeout_s=connect_timeout_s or self.connect_timeout_s,
+                       what=self.identity)
+
+    def _acquire(self, cached: CacheRecord | None) -> Start:
+        try:
+            self.client, self.session = self._connect()
+        except BackendUnavailable as exc:
+            return self._unreachable(exc, cached)
+        try:
+            return self._claim_with(self.client, cached)
+        except KAZOO_ERRORS as exc:
+            raise BackendUnavailable(f"{self.identity}: ZooKeeper claim failed: {exc!r}") from exc
+
+    def _claim_with(self, client: KazooClient, cached: CacheRecord | None) -> Start:
+        raise NotImplementedError
+
+    def _unreachable(self, exc: BackendUnavailable, cached: CacheRecord | None) -> Start:
+        raise NotImplementedError
+
+    def _write_versioned(self, path: str, write: Callable[[], ZnodeStat], other: str) -> None:
+        """``write`` sets the mark node ``path`` at our last version. A BadVersion means
+        someone wrote it since, unless that was our own earlier write which timed out
+        here yet landed (the node holds our token): then its version is adopted and the
+        write retried. Anyone else's write fences this holder: it was ``other``."""
+        for _ in range(2):
+            try:
+                self._version = write().version
+                return
+            except BadVersionError:
+                if not self._adopt_own_write(path):
+                    self._fence(f"{path} was written by {other}")
+                    self.check()
+        raise WorkerIdUnavailable(f"{self.identity}: {path}: write failed")
+
+    def _adopt_own_write(self, path: str) -> bool:
+        assert self.client is not None
+        try:
+            raw, stat = self.client.get_async(path).get(timeout=self.op_timeout_s)
+        except KAZOO_ERRORS:
+            return False
+        if load(raw).get("token") == self.token:
+            self._version = stat.version
+            return True
+        return False
+
+    def _close(self) -> None:
+        close(self.client)
+        self.client = None
