@@ -155,3 +155,26 @@ def test_raw_file_parses_and_dockerfile_installs_the_package() -> None:
     for path in ("pyproject.toml", "leafpool", "workers"):
         assert re.search(rf"^COPY .*\b{re.escape(path)}\b", dockerfile, re.M), path
         assert (ROOT / path).exists()
+
+
+def test_the_ha_profile_runs_a_master_a_replica_three_sentinels_and_follows_them(
+    services: dict[str, Any],
+) -> None:
+    ha = {name for name, svc in services.items() if "ha" in svc.get("profiles", [])}
+    assert ha == {"redis-ha-master", "redis-ha-replica", "sentinel-1", "sentinel-2",
+                  "sentinel-3", "segment-worker-ha", "http-ha"}
+    assert services["redis-ha-replica"]["command"][-3:] == ["--replicaof", "redis-ha-master",
+                                                           "6379"]
+    for name in ("sentinel-1", "sentinel-2", "sentinel-3"):
+        script = services[name]["command"][-1]
+        assert "sentinel monitor leafpool redis-ha-master 6379 2" in script
+        assert script.rstrip().endswith("--sentinel")
+    for name in ("segment-worker-ha", "http-ha"):
+        env = services[name]["environment"]
+        settings = Settings(**{k.removeprefix("LEAFPOOL_").lower(): v for k, v in env.items()
+                               if k.startswith("LEAFPOOL_") and v != ""
+                               and k != "LEAFPOOL_DATABASE_URL"})
+        assert settings.redis_topology == "sentinel" and settings.pop_replicas == "1"
+        assert [h for h, _ in settings.sentinels] == ["sentinel-1", "sentinel-2", "sentinel-3"]
+        assert settings.broker_url.startswith("sentinel://sentinel-1:26379/0;")
+        assert settings.broker_options == {"master_name": "leafpool"}
