@@ -6,7 +6,7 @@ from __future__ import annotations
 import redis
 
 from leafpool.lock import RefillLock
-from tests.clock import FakeClock
+from tests.clocks import FakeWallClock
 
 KEY = "leafpool:{t}:lock"
 
@@ -20,7 +20,7 @@ def test_one_holder_at_a_time_and_its_token_is_the_keys_value(r: redis.Redis) ->
 
 
 def test_the_ttl_is_extended_once_a_third_of_it_has_passed(r: redis.Redis) -> None:
-    clock = FakeClock()
+    clock = FakeWallClock()
     lock = RefillLock(r, KEY, 30_000, monotonic=clock)
     assert lock.acquire()
     r.pexpire(KEY, 5_000)  # as if 25 s of the 30 s had passed in Redis
@@ -33,7 +33,7 @@ def test_the_ttl_is_extended_once_a_third_of_it_has_passed(r: redis.Redis) -> No
 
 
 def test_a_lock_taken_over_is_not_released_and_its_old_token_is_kept(r: redis.Redis) -> None:
-    clock = FakeClock()
+    clock = FakeWallClock()
     mine = RefillLock(r, KEY, 30_000, monotonic=clock)
     assert mine.acquire()
     old_token = mine.token

@@ -20,17 +20,17 @@ from leafpool.lock import RefillLock
 from leafpool.pool import Pool
 from leafpool.refill import SegmentRefiller
 from leafpool.store import SegmentStore
-from tests.clock import FakeClock
+from tests.clocks import FakeWallClock
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> FakeWallClock:
+    return FakeWallClock()
 
 
 @pytest.fixture
 def refiller(pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings],
-             clock: FakeClock) -> SegmentRefiller:
+             clock: FakeWallClock) -> SegmentRefiller:
     settings = make_settings(pool_floor=2000, pool_ceiling=50_000, chunk_size=300,
                              pool_seconds=10, reserve_seconds=10)
     return SegmentRefiller(pool, store, settings, wall=clock)
@@ -69,7 +69,7 @@ def test_a_refill_above_low_water_pushes_nothing(
 
 
 def test_consumption_raises_the_target(
-    refiller: SegmentRefiller, store: SegmentStore, r: redis.Redis, clock: FakeClock
+    refiller: SegmentRefiller, store: SegmentStore, r: redis.Redis, clock: FakeWallClock
 ) -> None:
     store.add_tag("order", step=1000)
     refiller.refill("order")
@@ -97,7 +97,7 @@ def test_a_new_tags_first_refill_takes_every_segment_at_the_table_step(
 
 
 def test_step_follows_how_long_each_consumed_segment_lasted(
-    pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings], clock: FakeClock
+    pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings], clock: FakeWallClock
 ) -> None:
     settings = make_settings(pool_floor=10, pool_ceiling=10, chunk_size=10, reserve_seconds=1,
                              step_grow_seconds=60, step_shrink_seconds=120)
@@ -147,7 +147,7 @@ def test_exhausted_tag_serves_what_it_has_then_fails_loudly(
 
 def test_database_down_keeps_serving_from_the_reserve(
     pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings],
-    clock: FakeClock, r: redis.Redis,
+    clock: FakeWallClock, r: redis.Redis,
 ) -> None:
     settings = make_settings(pool_floor=1000, pool_ceiling=1000, chunk_size=500,
                              reserve_seconds=1)

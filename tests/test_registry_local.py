@@ -22,7 +22,7 @@ from leafpool.registry.identity import safe_identity, unsafe_identity
 from leafpool.registry.local import LocalRegistry
 from leafpool.snowflake import decode
 from tests import services
-from tests.ms_clock import T0, MsClock
+from tests.clocks import T0, FakeMsClock
 
 MAP = "host-a:node1:0=1, host-b:node1:0=2,\nhost-a:node1:1=3"
 
@@ -42,7 +42,7 @@ def settings(tmp_path: Path) -> Callable[..., Settings]:
     return make
 
 
-def registry(settings: Settings, identity: str, clock: MsClock, **kw: object) -> LocalRegistry:
+def registry(settings: Settings, identity: str, clock: FakeMsClock, **kw: object) -> LocalRegistry:
     reg = open_registry(settings, identity, clock=clock, sleep=clock.sleep,
                         monotonic=clock.monotonic, background=False, **kw)
     assert isinstance(reg, LocalRegistry)
@@ -91,7 +91,7 @@ def test_the_registry_uses_the_parsed_map(settings: Callable[..., Settings]) -> 
 
 
 def test_identity_missing_from_the_map(settings: Callable[..., Settings]) -> None:
-    reg = registry(settings(), "host-z:node1:0", MsClock())
+    reg = registry(settings(), "host-z:node1:0", FakeMsClock())
     with pytest.raises(ConfigurationError) as err:
         reg.claim()
     assert "host-z:node1:0" in str(err.value)
@@ -117,7 +117,7 @@ def test_distinct_identities_never_share_a_safe_form() -> None:
 
 def test_cache_file_stays_inside_the_cache_dir(settings: Callable[..., Settings],
                                                tmp_path: Path) -> None:
-    reg = registry(settings(snowflake_local_map="5"), "../../evil:n:0", MsClock())
+    reg = registry(settings(snowflake_local_map="5"), "../../evil:n:0", FakeMsClock())
     reg.claim()
     assert reg.cache.path.parent == tmp_path / "cache" / "t"
     assert reg.cache.path.exists()
@@ -134,7 +134,7 @@ def test_bad_identity_refused(settings: Callable[..., Settings], identity: str) 
 # -- claim, cache file, restart ----------------------------------------------------------
 
 def test_claim_writes_the_cache_file_atomically(settings: Callable[..., Settings]) -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     reg = registry(settings(), "host-b:node1:0", clock)
     lease = reg.claim()
     assert (lease.worker_id, lease.source, lease.mode) == (2, "local-map", "local")
@@ -153,7 +153,7 @@ def test_claim_writes_the_cache_file_atomically(settings: Callable[..., Settings
 
 def test_restart_reuses_the_id_above_the_recorded_timestamp(
         settings: Callable[..., Settings]) -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     with LeasedGenerator(registry(settings(), "host-a:node1:1", clock), settings(),
                          clock=clock, sleep=clock.sleep) as gen:
         first = gen.next_batch(1000)
@@ -171,29 +171,29 @@ def test_restart_reuses_the_id_above_the_recorded_timestamp(
 
 
 def test_clock_behind_the_cache_file_is_refused(settings: Callable[..., Settings]) -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     reg = registry(settings(), "host-a:node1:0", clock)
     reg.claim()
     reg.record_high_water(T0 + 60_000)
     reg.release()  # no last_emitted: the recorded window stays
-    behind = registry(settings(), "host-a:node1:0", MsClock(T0 + 1_000))
+    behind = registry(settings(), "host-a:node1:0", FakeMsClock(T0 + 1_000))
     with pytest.raises(ClockMovedBackwards) as err:
         behind.claim()
     assert err.value.offset_ms == 59_000 and err.value.worker_id == 1
     assert "cache file" in str(err.value) and str(reg.cache.path) in str(err.value)
     assert behind.lease is None
-    later = registry(settings(), "host-a:node1:0", MsClock(T0 + 60_000))
+    later = registry(settings(), "host-a:node1:0", FakeMsClock(T0 + 60_000))
     assert later.claim().last_timestamp_ms == T0 + 60_000
     later.release()
 
 
 def test_start_wait_waits_out_a_small_gap(settings: Callable[..., Settings]) -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     reg = registry(settings(), "host-a:node1:0", clock)
     reg.claim()
     reg.record_high_water(T0 + 3_000)
     reg.release()
-    clock2 = MsClock(T0 + 1_000)
+    clock2 = FakeMsClock(T0 + 1_000)
     waiting = registry(settings(), "host-a:node1:0", clock2, start_wait_ms=5_000)
     lease = waiting.claim()
     assert lease.last_timestamp_ms == T0 + 3_000 and clock2() >= T0 + 3_000
@@ -202,7 +202,7 @@ def test_start_wait_waits_out_a_small_gap(settings: Callable[..., Settings]) -> 
 
 
 def test_release_with_last_emitted_drops_the_window(settings: Callable[..., Settings]) -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     reg = registry(settings(), "host-a:node1:0", clock)
     reg.claim()
     reg.record_high_water(T0 + 3_000)
@@ -215,7 +215,7 @@ def test_release_with_last_emitted_drops_the_window(settings: Callable[..., Sett
 
 
 def test_corrupt_cache_file_refuses_the_start(settings: Callable[..., Settings]) -> None:
-    reg = registry(settings(), "host-a:node1:0", MsClock())
+    reg = registry(settings(), "host-a:node1:0", FakeMsClock())
     reg.cache.path.parent.mkdir(parents=True)
     reg.cache.path.write_text("{not json")
     with pytest.raises(WorkerIdUnavailable) as err:
@@ -237,7 +237,7 @@ def test_cache_record_round_trip(tmp_path: Path) -> None:
 
 def test_a_worker_id_is_held_by_one_process_on_the_host(
         settings: Callable[..., Settings]) -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     bare = settings(snowflake_local_map="9")
     first = registry(bare, "host-a:node1:0", clock)
     first.claim()
@@ -256,7 +256,7 @@ def test_a_worker_id_is_held_by_one_process_on_the_host(
 
 
 def test_check_and_record_need_a_claim(settings: Callable[..., Settings]) -> None:
-    reg = registry(settings(), "host-a:node1:0", MsClock())
+    reg = registry(settings(), "host-a:node1:0", FakeMsClock())
     with pytest.raises(WorkerIdUnavailable):
         reg.check()
     with pytest.raises(WorkerIdUnavailable):
@@ -273,7 +273,7 @@ def test_check_and_record_need_a_claim(settings: Callable[..., Settings]) -> Non
 
 
 def test_tick_reports_the_clock_to_the_cache(settings: Callable[..., Settings]) -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     reg = registry(settings(), "host-a:node1:0", clock)
     reg.claim()
     clock.advance(3_000)
@@ -296,7 +296,7 @@ def test_background_ticker_runs_and_stops(settings: Callable[..., Settings]) -> 
 def test_an_empty_map_gives_each_process_on_the_host_its_own_worker_id(
     settings: Callable[..., Settings]
 ) -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     s = settings(snowflake_local_map="")
     first = registry(s, "h:n:0", clock)
     second = registry(s, "h:n:1", clock)

@@ -25,7 +25,7 @@ from leafpool.errors import (
 from leafpool.registry import LeasedGenerator, open_registry
 from leafpool.registry.mysql import DDL, MySqlRegistry
 from leafpool.snowflake import decode, wall_clock_ms
-from tests.ms_clock import MsClock
+from tests.clocks import FakeMsClock
 from tests.services import ROOT, free_port
 
 Factory = Callable[..., MySqlRegistry]
@@ -52,10 +52,10 @@ def db(mysql_url: str) -> Iterator[Engine]:
 def make(mysql_url: str, tmp_path: Path) -> Iterator[Factory]:
     made: list[MySqlRegistry] = []
 
-    def factory(identity: str, clock: MsClock | None = None, cache: str = "cache",
+    def factory(identity: str, clock: FakeMsClock | None = None, cache: str = "cache",
                 url: str = mysql_url, **kw: object) -> MySqlRegistry:
         settings = _settings(url, tmp_path, snowflake_cache_dir=str(tmp_path / cache))
-        clock = clock or MsClock(wall_clock_ms())
+        clock = clock or FakeMsClock(wall_clock_ms())
         reg = open_registry(settings, identity, clock=clock, sleep=clock.sleep,
                             monotonic=clock.monotonic, background=False, **kw)
         assert isinstance(reg, MySqlRegistry)
@@ -157,7 +157,7 @@ def test_clock_behind_the_recorded_timestamp_is_refused(make: Factory, db: Engin
     a.record_high_water(now + 60_000)
     a.release()
     before = rows(db)[1]
-    behind = make("host-a:w:0", clock=MsClock(now + 1_000), cache="fresh-cache")
+    behind = make("host-a:w:0", clock=FakeMsClock(now + 1_000), cache="fresh-cache")
     with pytest.raises(ClockMovedBackwards) as err:
         behind.claim()
     assert err.value.offset_ms == 59_000 and "MySQL leaf_workerid_alloc id=1" in str(err.value)
@@ -212,7 +212,7 @@ def test_recycled_row_fences_its_former_holder(make: Factory, db: Engine) -> Non
 
 
 def test_missed_renew_self_fences_until_a_renew_succeeds(make: Factory) -> None:
-    clock = MsClock(wall_clock_ms())
+    clock = FakeMsClock(wall_clock_ms())
     a = make("host-a:w:0", clock=clock)
     a.claim()
     a.check()
@@ -226,7 +226,7 @@ def test_missed_renew_self_fences_until_a_renew_succeeds(make: Factory) -> None:
 
 def test_mysql_down_at_start_uses_the_cached_lease(make: Factory, tmp_path: Path) -> None:
     now = wall_clock_ms()
-    a = make("host-a:w:0", clock=MsClock(now))
+    a = make("host-a:w:0", clock=FakeMsClock(now))
     a.claim()
     a.record_high_water(now + 1_000)
     cached = json.loads(a.cache.path.read_text())
@@ -235,12 +235,12 @@ def test_mysql_down_at_start_uses_the_cached_lease(make: Factory, tmp_path: Path
     a._lease = None
     down = f"mysql+pymysql://u:p@127.0.0.1:{free_port()}/x"
 
-    behind = make("host-a:w:0", clock=MsClock(now + 500), url=down)
+    behind = make("host-a:w:0", clock=FakeMsClock(now + 500), url=down)
     with pytest.raises(ClockMovedBackwards) as err:
         behind.claim()
     assert "cache file" in str(err.value)
 
-    clock = MsClock(now + 1_001)
+    clock = FakeMsClock(now + 1_001)
     reg = make("host-a:w:0", clock=clock, url=down)
     lease = reg.claim()
     assert (lease.worker_id, lease.source, lease.last_timestamp_ms) == (1, "cache", now + 1_000)
@@ -253,7 +253,7 @@ def test_mysql_down_at_start_uses_the_cached_lease(make: Factory, tmp_path: Path
     assert "not renewed" in str(err2.value)
     reg._lease = None
 
-    expired = make("host-a:w:0", clock=MsClock(cached["lease_until"] + 10), url=down)
+    expired = make("host-a:w:0", clock=FakeMsClock(cached["lease_until"] + 10), url=down)
     with pytest.raises(WorkerIdUnavailable) as err3:
         expired.claim()
     assert "cannot be used" in str(err3.value)

@@ -17,7 +17,7 @@ from leafpool.registry import LeasedGenerator, open_registry
 from leafpool.registry.recycle import RecycleRegistry
 from leafpool.snowflake import decode, wall_clock_ms
 from tests import services
-from tests.ms_clock import MsClock
+from tests.clocks import FakeMsClock
 from tests.zk_helpers import StateLog, expire_session, raw_client, unique_name, wait_serving
 
 Factory = Callable[..., RecycleRegistry]
@@ -42,10 +42,10 @@ def name() -> str:
 def make(zk_hosts: str, name: str, tmp_path: Path) -> Iterator[Factory]:
     made: list[RecycleRegistry] = []
 
-    def factory(identity: str, clock: MsClock | None = None, hosts: str = zk_hosts,
+    def factory(identity: str, clock: FakeMsClock | None = None, hosts: str = zk_hosts,
                 cache: str = "cache", **kw: object) -> RecycleRegistry:
         settings = _settings(hosts, name, tmp_path, snowflake_cache_dir=str(tmp_path / cache))
-        clock = clock or MsClock(wall_clock_ms())
+        clock = clock or FakeMsClock(wall_clock_ms())
         reg = open_registry(settings, identity, clock=clock, sleep=clock.sleep,
                             monotonic=clock.monotonic, background=False, **kw)
         assert isinstance(reg, RecycleRegistry)
@@ -111,7 +111,7 @@ def test_restart_prefers_the_previous_worker_id(make: Factory) -> None:
 def test_reclaim_after_session_expiry_starts_above_the_former_holder(
         make: Factory, zk_hosts: str) -> None:
     t = wall_clock_ms()
-    a = make("host-a:w:0", clock=MsClock(t))
+    a = make("host-a:w:0", clock=FakeMsClock(t))
     gen_a = LeasedGenerator(a, a.settings, clock=a.clock, sleep=a.sleep, window_ms=5_000)
     assert gen_a.start().worker_id == 0
     ids_a = gen_a.next_batch(3_000)
@@ -128,14 +128,14 @@ def test_reclaim_after_session_expiry_starts_above_the_former_holder(
     with pytest.raises(WorkerIdUnavailable):
         a.record_high_water(t + 10_000)
 
-    early = make("host-b:w:0", clock=MsClock(t + 1_000))
+    early = make("host-b:w:0", clock=FakeMsClock(t + 1_000))
     with pytest.raises(ClockMovedBackwards) as err2:  # behind the former holder's mark
         early.claim()
     assert err2.value.offset_ms == 4_000 and "recycle/hw/0000" in str(err2.value)
     with raw_client(zk_hosts) as client:
         assert client.exists(early.lease_path(0)) is None  # the refused claim let go
 
-    clock_b = MsClock(t + 6_000)
+    clock_b = FakeMsClock(t + 6_000)
     b = make("host-b:w:0", clock=clock_b)
     gen_b = LeasedGenerator(b, b.settings, clock=clock_b, sleep=clock_b.sleep)
     lease = gen_b.start()
@@ -171,7 +171,7 @@ def test_lost_lease_node_fences(make: Factory, zk_hosts: str) -> None:
 
 
 def test_missed_renew_self_fences_until_a_renew_succeeds(make: Factory) -> None:
-    clock = MsClock(wall_clock_ms())
+    clock = FakeMsClock(wall_clock_ms())
     a = make("host-a:w:0", clock=clock)
     a.claim()
     a.check()

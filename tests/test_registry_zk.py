@@ -27,7 +27,7 @@ from leafpool.snowflake import decode, wall_clock_ms
 from leafpool.snowflake_pool import SnowflakeRefiller
 from leafpool.status import tag_status
 from tests import services
-from tests.ms_clock import MsClock
+from tests.clocks import FakeMsClock
 from tests.snowflake_worker import run as run_worker
 from tests.zk_helpers import StateLog, expire_session, raw_client, unique_name, wait_serving
 
@@ -136,7 +136,7 @@ def test_record_high_water_is_durable_in_zookeeper_and_the_cache(
 
 
 def test_report_tick_writes_the_clock(make: Factory, zk_hosts: str) -> None:
-    clock = MsClock(wall_clock_ms())
+    clock = FakeMsClock(wall_clock_ms())
     reg = make("host-a:w:0", clock=clock)
     reg.claim()
     clock.advance(3_000)
@@ -156,13 +156,13 @@ def test_clock_behind_the_recorded_timestamp_is_refused(make: Factory) -> None:
     reg.record_high_water(now + 60_000)
     path = reg.node_path
     reg.release()  # keeps the recorded window
-    behind = make("host-a:w:0", clock=MsClock(now + 1_000), cache="fresh-cache")
+    behind = make("host-a:w:0", clock=FakeMsClock(now + 1_000), cache="fresh-cache")
     with pytest.raises(ClockMovedBackwards) as err:
         behind.claim()
     assert err.value.worker_id == 0 and err.value.offset_ms == 59_000
     assert f"ZooKeeper {path}" in str(err.value)
     # the refused start left no live node behind: the identity can start again later
-    ok = make("host-a:w:0", clock=MsClock(now + 60_001), cache="fresh-cache")
+    ok = make("host-a:w:0", clock=FakeMsClock(now + 60_001), cache="fresh-cache")
     assert ok.claim().worker_id == 0
 
 
@@ -178,7 +178,7 @@ def test_clock_behind_the_cache_file_is_refused_even_with_zookeeper_up(
         path = f"/snowflake/{reg.name}/forever/{safe_identity('host-a:w:0')}-0000000000"
         client.set(path, json.dumps({"ip": "h", "port": "p", "timestamp": now}).encode())
     with pytest.raises(ClockMovedBackwards) as err:
-        make("host-a:w:0", clock=MsClock(now + 10)).claim()
+        make("host-a:w:0", clock=FakeMsClock(now + 10)).claim()
     assert "cache file" in str(err.value)
 
 
@@ -398,12 +398,12 @@ def test_zookeeper_down_at_start_uses_the_cache_with_the_clock_check(
     own_zk.kill()
     try:
         behind = open_registry(settings, "host-a:w:0", background=False,
-                               clock=MsClock(recorded - 500), connect_timeout_s=0.5)
+                               clock=FakeMsClock(recorded - 500), connect_timeout_s=0.5)
         with pytest.raises(ClockMovedBackwards) as err:
             behind.claim()
         assert "cache file" in str(err.value)
 
-        clock = MsClock(recorded + 10)
+        clock = FakeMsClock(recorded + 10)
         reg = open_registry(settings, "host-a:w:0", background=False, clock=clock,
                             connect_timeout_s=0.5)
         assert isinstance(reg, ZkRegistry)

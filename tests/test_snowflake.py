@@ -20,10 +20,10 @@ from leafpool.snowflake import (
     compose,
     decode,
 )
-from tests.ms_clock import LEAF_EPOCH_MS, T0, MsClock
+from tests.clocks import LEAF_EPOCH_MS, T0, FakeMsClock
 
 
-def make(clock: MsClock, worker_id: int = 7, **kwargs: Any) -> SnowflakeGenerator:
+def make(clock: FakeMsClock, worker_id: int = 7, **kwargs: Any) -> SnowflakeGenerator:
     return SnowflakeGenerator(worker_id, clock=clock, sleep=clock.sleep,
                               rng=random.Random(1), **kwargs)
 
@@ -79,20 +79,20 @@ def test_decode_accepts_the_extremes() -> None:
 @pytest.mark.parametrize("worker_id", [-1, 1024, True, "1", 2.0])
 def test_worker_id_outside_0_1023_is_refused(worker_id: object) -> None:
     with pytest.raises(InvalidArgument) as err:
-        make(MsClock(), worker_id=worker_id)  # type: ignore[arg-type]
+        make(FakeMsClock(), worker_id=worker_id)  # type: ignore[arg-type]
     assert err.value.field == "worker_id"
     assert repr(worker_id) in str(err.value)
 
 
 def test_worker_ids_0_and_1023_are_accepted() -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     assert decode(make(clock, worker_id=0).next_id()).worker_id == 0
     assert decode(make(clock, worker_id=1023).next_id()).worker_id == 1023
 
 
 def test_epoch_in_the_future_is_refused() -> None:
     with pytest.raises(ConfigurationError) as err:
-        make(MsClock(T0), epoch_ms=T0 + 1)
+        make(FakeMsClock(T0), epoch_ms=T0 + 1)
     assert err.value.field == "LEAFPOOL_SNOWFLAKE_EPOCH"
     assert err.value.value == T0 + 1
     assert "future" in str(err.value)
@@ -100,13 +100,13 @@ def test_epoch_in_the_future_is_refused() -> None:
 
 def test_exhausted_time_bits_are_refused() -> None:
     with pytest.raises(ConfigurationError) as err:
-        make(MsClock(LEAF_EPOCH_MS + MAX_TIMESTAMP + 1))
+        make(FakeMsClock(LEAF_EPOCH_MS + MAX_TIMESTAMP + 1))
     assert err.value.field == "LEAFPOOL_SNOWFLAKE_EPOCH"
     assert "41 time bits" in str(err.value)
 
 
 def test_generation_stops_when_the_bits_run_out_never_a_negative_id() -> None:
-    clock = MsClock(LEAF_EPOCH_MS + MAX_TIMESTAMP)
+    clock = FakeMsClock(LEAF_EPOCH_MS + MAX_TIMESTAMP)
     gen = make(clock, worker_id=1023, random_start=0)
     ids = gen.next_batch(IDS := 4096)
     assert len(ids) == IDS and max(ids) == MAX_ID and min(ids) > 0
@@ -118,13 +118,13 @@ def test_generation_stops_when_the_bits_run_out_never_a_negative_id() -> None:
 
 
 def test_exhaustion_horizon() -> None:
-    clock = MsClock(LEAF_EPOCH_MS + MAX_TIMESTAMP - 10 * 86_400_000)
+    clock = FakeMsClock(LEAF_EPOCH_MS + MAX_TIMESTAMP - 10 * 86_400_000)
     gen = make(clock)
     assert gen.exhausts_at_ms == LEAF_EPOCH_MS + 2**41
     assert gen.exhausts_within(30)
     assert not gen.exhausts_within(5)
     assert gen.years_left() == pytest.approx(10 / 365.25, rel=1e-3)
-    young = make(MsClock(T0))
+    young = make(FakeMsClock(T0))
     assert young.years_left() > 50 and not young.exhausts_within(365)
 
 
@@ -134,14 +134,14 @@ def test_exhaustion_horizon() -> None:
                                          ("high_water_ms", -5)])
 def test_bad_tuning_is_refused(field: str, value: int) -> None:
     with pytest.raises(InvalidArgument) as err:
-        make(MsClock(), **{field: value})
+        make(FakeMsClock(), **{field: value})
     assert err.value.field == field
 
 
 def test_from_settings_uses_the_snowflake_settings() -> None:
     settings = load_settings(snowflake_epoch=1_600_000_000_000, snowflake_random_sequence=0,
                              snowflake_max_backwards_ms=9)
-    clock = MsClock()
+    clock = FakeMsClock()
     gen = SnowflakeGenerator.from_settings(3, settings, clock=clock, sleep=clock.sleep)
     assert (gen.epoch_ms, gen.random_start, gen.max_backwards_ms) == (1_600_000_000_000, 0, 9)
     assert decode(gen.next_id(), epoch_ms=1_600_000_000_000).timestamp_ms == T0
@@ -150,7 +150,7 @@ def test_from_settings_uses_the_snowflake_settings() -> None:
 # -- sequence start --------------------------------------------------------------------
 
 def test_random_sequence_start_keeps_modulo_sharding_even() -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     gen = make(clock, random_start=100)
     ids = []
     for _ in range(20_000):  # low traffic: one ID per millisecond
@@ -164,7 +164,7 @@ def test_random_sequence_start_keeps_modulo_sharding_even() -> None:
         assert len(counts) == n
         assert all(abs(c - expected) < 0.1 * expected for c in counts.values()), (n, counts)
     # without the random start every ID of this traffic is at sequence 0: id % 2 is fixed
-    flat_clock = MsClock()
+    flat_clock = FakeMsClock()
     flat = make(flat_clock, random_start=0)
     plain = []
     for _ in range(1000):
@@ -174,7 +174,7 @@ def test_random_sequence_start_keeps_modulo_sharding_even() -> None:
 
 
 def test_same_millisecond_counts_up_from_the_random_start() -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     gen = make(clock, random_start=100)
     ids = [gen.next_id() for _ in range(50)]
     seqs = [decode(i).sequence for i in ids]
@@ -185,7 +185,7 @@ def test_same_millisecond_counts_up_from_the_random_start() -> None:
 # -- strictly increasing, batches and the 4096 cap -------------------------------------
 
 def test_ids_strictly_increase_across_next_id_and_next_batch() -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     gen = make(clock)
     out: list[int] = []
     for step in range(200):
@@ -198,7 +198,7 @@ def test_ids_strictly_increase_across_next_id_and_next_batch() -> None:
 
 
 def test_batch_crosses_millisecond_boundaries_exactly() -> None:
-    class Ticking(MsClock):
+    class Ticking(FakeMsClock):
         def __call__(self) -> int:  # one ms per reading
             value = super().__call__()
             self.now += 1
@@ -222,7 +222,7 @@ def test_batch_crosses_millisecond_boundaries_exactly() -> None:
 
 
 def test_4096_per_millisecond_cap_waits_for_the_next_ms() -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     gen = make(clock, random_start=0)
     first = gen.next_batch(4096)
     assert [decode(i).sequence for i in first] == list(range(4096))
@@ -237,7 +237,7 @@ def test_4096_per_millisecond_cap_waits_for_the_next_ms() -> None:
 
 
 def test_next_id_obeys_the_4096_cap_too() -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     gen = make(clock, random_start=0)
     ids = [gen.next_id() for _ in range(4097)]
     assert [decode(i).timestamp_ms for i in ids[-2:]] == [T0, T0 + 1]
@@ -245,7 +245,7 @@ def test_next_id_obeys_the_4096_cap_too() -> None:
 
 
 def test_batch_of_zero_and_bad_sizes() -> None:
-    gen = make(MsClock())
+    gen = make(FakeMsClock())
     assert gen.next_batch(0) == []
     for bad in (-1, True, 1.5):
         with pytest.raises(InvalidArgument):
@@ -255,7 +255,7 @@ def test_batch_of_zero_and_bad_sizes() -> None:
 # -- clock moved backwards ---------------------------------------------------------------
 
 def test_small_step_back_waits_twice_the_offset_and_retries() -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     gen = make(clock, max_backwards_ms=5)
     before = gen.next_id()
     clock.set(T0 - 3)
@@ -268,7 +268,7 @@ def test_small_step_back_waits_twice_the_offset_and_retries() -> None:
 
 
 def test_small_step_back_still_behind_after_the_wait_raises() -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     gen = make(clock, max_backwards_ms=5)
     gen.next_id()
     clock.script = [T0 - 4, T0 - 1]  # still behind after waiting 8 ms
@@ -281,7 +281,7 @@ def test_small_step_back_still_behind_after_the_wait_raises() -> None:
 
 
 def test_large_step_back_raises_counts_and_recovers_when_the_clock_catches_up() -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     gen = make(clock, max_backwards_ms=5)
     ids = gen.next_batch(100)
     clock.set(T0 - 6)
@@ -298,7 +298,7 @@ def test_large_step_back_raises_counts_and_recovers_when_the_clock_catches_up() 
 
 
 def test_zero_tolerance_raises_on_any_step_back() -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     gen = make(clock, max_backwards_ms=0)
     gen.next_id()
     clock.set(T0 - 1)
@@ -309,7 +309,7 @@ def test_zero_tolerance_raises_on_any_step_back() -> None:
 # -- high-water mark ---------------------------------------------------------------------
 
 def test_high_water_is_never_emitted_small_gap_waits() -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     gen = make(clock, high_water_ms=T0 + 3)
     value = gen.next_id()
     assert clock.sleeps == [pytest.approx(0.006)]
@@ -317,14 +317,14 @@ def test_high_water_is_never_emitted_small_gap_waits() -> None:
 
 
 def test_high_water_equal_to_now_moves_to_the_next_ms() -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     gen = make(clock, high_water_ms=T0)
     ids = gen.next_batch(5)
     assert {decode(i).timestamp_ms for i in ids} == {T0 + 1}
 
 
 def test_high_water_far_ahead_raises() -> None:
-    clock = MsClock()
+    clock = FakeMsClock()
     gen = make(clock, high_water_ms=T0 + 100)
     with pytest.raises(ClockMovedBackwards) as err:
         gen.next_batch(10)

@@ -14,21 +14,9 @@ from leafpool.pool import Pool
 from leafpool.registry import LeasedGenerator, open_registry
 from leafpool.snowflake import decode
 from leafpool.snowflake_pool import SnowflakeRefiller
+from tests.clocks import FakeMsClock
 
 NOW_MS = 1_767_000_000_000
-
-
-class FakeMsClock:
-    """Milliseconds since the Unix epoch, moved by the test (and by injected sleeps)."""
-
-    def __init__(self, ms: int = NOW_MS) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def sleep(self, seconds: float) -> None:
-        self.ms += max(1, round(seconds * 1000))
 
 
 def make(pool: Pool, settings: Settings, worker: int, ms: FakeMsClock, cache: str
@@ -56,7 +44,7 @@ def test_a_refill_fills_the_pool_with_increasing_ids_of_its_worker(
     pool: Pool, settings: Settings, r: redis.Redis, tmp_path: object
 ) -> None:
     pool.register("flake", "snowflake", 0)
-    ms = FakeMsClock()
+    ms = FakeMsClock(NOW_MS)
     refiller = make(pool, settings, 7, ms, str(tmp_path))
     result = refiller.refill("flake")
     assert result.pushed == 3000 and result.worker_id == 7
@@ -84,7 +72,7 @@ def test_workers_taking_turns_keep_one_pool_increasing_and_unique(
         refiller.refill("flake", force=True)
         seen += pop_all(r, "flake")
     assert seen == sorted(set(seen))
-    assert behind.ms > NOW_MS + 400  # b waited for its clock to pass a's IDs
+    assert behind.now > NOW_MS + 400  # b waited for its clock to pass a's IDs
     assert pool.snapshot("flake").state["worker_ids"] == "2,1"
 
 
@@ -106,11 +94,11 @@ def test_clock_moved_backwards_is_recorded_and_the_pool_keeps_serving(
     pool: Pool, settings: Settings, r: redis.Redis, tmp_path: object
 ) -> None:
     pool.register("flake", "snowflake", 0)
-    ms = FakeMsClock()
+    ms = FakeMsClock(NOW_MS)
     refiller = make(pool, settings, 3, ms, str(tmp_path))
     refiller.refill("flake")
     r.lpop("leafpool:{flake}:ids", 2000)  # 1,000 left, below low-water
-    ms.ms -= 10_000  # NTP stepped the clock back 10 s
+    ms.now -= 10_000  # NTP stepped the clock back 10 s
     with pytest.raises(ClockMovedBackwards):
         refiller.refill("flake")
     state = pool.snapshot("flake").state
@@ -122,7 +110,7 @@ def test_clock_moved_backwards_is_recorded_and_the_pool_keeps_serving(
 def test_unknown_and_segment_tags_are_not_refilled(
     pool: Pool, settings: Settings, tmp_path: object
 ) -> None:
-    refiller = make(pool, settings, 4, FakeMsClock(), str(tmp_path))
+    refiller = make(pool, settings, 4, FakeMsClock(NOW_MS), str(tmp_path))
     with pytest.raises(UnknownTag):
         refiller.refill("nope")
     pool.register("seg", "segment", 0)
