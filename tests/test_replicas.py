@@ -203,3 +203,23 @@ def test_the_client_follows_a_sentinel_failover_with_acknowledged_pops(
         with contextlib.suppress(BackendUnavailable):
             later = client.next_ids(TAG, 3)
     assert first == [1, 2, 3] and later[0] > 3
+
+
+def test_the_http_service_answers_only_acknowledged_ids(topologies: Topologies) -> None:
+    from starlette.testclient import TestClient
+
+    from leafpool.http import create_app
+
+    top = topologies.replicated(1)
+    _fill(top)
+    settings = _settings(top.master, pop_replicas="1")
+    with TestClient(create_app(settings)) as http:
+        ok = http.get(f"/api/segment/get/{TAG}")
+        assert (ok.status_code, ok.text.strip()) == (200, "1")
+        top.stall(top.replicas[0])
+        refused = http.get(f"/api/segment/get/{TAG}")
+        assert refused.status_code == 503, refused.text
+        assert "replicas acknowledged" in refused.text
+    with pytest.raises(ConfigurationError, match="LEAFPOOL_POP_REPLICAS"), \
+            TestClient(create_app(_settings(top.master, pop_replicas="3"))):
+        pass  # refused at start, not discovered request by request
