@@ -86,3 +86,35 @@ def test_pools_on_a_cluster_survive_a_master_failover_without_a_repeat(
     for tag, ids in handed_out.items():
         assert ids == sorted(ids) and len(ids) == len(set(ids)), (tag, ids)
     print(f"cluster: pops on all 30 tags resumed {resumed_after:.1f} s after the SIGKILL")
+
+
+def test_the_http_service_metrics_status_page_and_beat_lock_work_on_a_cluster(
+    topologies: Topologies, sqlite_url: str
+) -> None:
+    from starlette.testclient import TestClient
+
+    from leafpool.http import create_app
+    from leafpool.metrics import make_registry, render
+
+    cluster = topologies.cluster(3, 1)
+    settings = _settings(cluster, sqlite_url)
+    rt = Runtime(settings)
+    store = SegmentStore.from_url(sqlite_url)
+    store.init_schema()
+    for tag in TAGS[:6]:
+        store.add_tag(tag, step=100)
+    sync_tags(rt.pool, store)
+    refiller = SegmentRefiller(rt.pool, store, settings)
+    for tag in TAGS[:6]:
+        refiller.refill(tag)
+    with TestClient(create_app(settings)) as http:
+        assert [http.get(f"/api/segment/get/{tag}").text.strip() for tag in TAGS[:6]] == \
+            ["1"] * 6
+        page = http.get("/cache")
+        assert page.status_code == 200 and all(tag in page.text for tag in TAGS[:6])
+        metrics = http.get("/metrics").text
+    assert "leafpool_up 1.0" in metrics
+    assert render(make_registry(rt.pool)).decode().count("leafpool_pool_ids{") == 6
+    first, second = rt.pool.beat_lock(15), rt.pool.beat_lock(15)
+    assert first.acquire() and not second.acquire()  # one active beat on a cluster too
+    first.release()
