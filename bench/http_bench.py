@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import math
 import os
 import platform
 import shutil
@@ -123,7 +124,9 @@ def run_wrk(url: str, duration: float, connections: int, threads: int) -> dict[s
         script.write(WRK_SCRIPT)
     try:
         done = subprocess.run(
-            ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration:g}s", "--timeout", "5s",
+            # wrk takes whole seconds only ("-d0.3s" is refused)
+            ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, math.ceil(duration))}s",
+             "--timeout", "5s",
              "-s", script.name, url],
             capture_output=True, text=True, timeout=duration + 60, check=True)
     finally:
