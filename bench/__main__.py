@@ -48,6 +48,9 @@ class Sizes:
     snowflake_rounds: int = 5
     snowflake_round_s: float = 0.25
     http: list[str] = field(default_factory=list)  # http_bench arguments
+    repl_single: int = 3_000  # replication: next_id calls per configuration and round
+    repl_batch: int = 1_000  # replication: next_ids(100) calls per configuration and round
+    repl_rounds: int = 5
 
     @property
     def tickets(self) -> int:
@@ -55,16 +58,23 @@ class Sizes:
 
 
 FULL = Sizes()
-QUICK = Sizes(single=5_000, batch=1_000)
+QUICK = Sizes(single=5_000, batch=1_000, repl_single=1_000, repl_batch=300, repl_rounds=3)
 SMOKE = Sizes(single=200, batch=20, refill=2_000, fill=1_000, settle_s=3.0, memory=10_000,
               redis_requests=1_000, snowflake_rounds=1, snowflake_round_s=0.01,
-              http=["--duration", "0.3", "--batch", "10", "--connections", "4"])
+              http=["--duration", "0.3", "--batch", "10", "--connections", "4"],
+              repl_single=30, repl_batch=5, repl_rounds=1)
 
 
 def snowflake_section(sizes: Sizes) -> None:
     from bench import snowflake_bench
 
     snowflake_bench.main(sizes.snowflake_rounds, sizes.snowflake_round_s)
+
+
+def replication_section(sizes: Sizes) -> None:
+    from bench import replication
+
+    replication.main(console, sizes.repl_single, sizes.repl_batch, sizes.repl_rounds)
 
 
 def http_section(sizes: Sizes) -> None:
@@ -80,12 +90,14 @@ def main() -> None:
     size.add_argument("--smoke", action="store_true",
                       help="every section with tiny sizes, in seconds: proves the benchmarks "
                            "run; the figures mean nothing")
-    parser.add_argument("--only", choices=["", "pools", "snowflake", "http"], default="",
-                        help="one section")
+    parser.add_argument("--only", choices=["", "pools", "replication", "snowflake", "http"],
+                        default="", help="one section")
     args = parser.parse_args()
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
-    if args.only in ("snowflake", "http"):
-        (snowflake_section if args.only == "snowflake" else http_section)(sizes)
+    sections = {"replication": replication_section, "snowflake": snowflake_section,
+                "http": http_section}
+    if args.only in sections:
+        sections[args.only](sizes)
         return
     single, batch = sizes.single, sizes.batch
     started = time.monotonic()
@@ -165,9 +177,9 @@ def main() -> None:
                   f"{many_durable / many_everysec:.2f}x")
     console.print(other)
 
-    if args.only in ("", "snowflake"):
+    if args.only == "":
+        replication_section(sizes)
         snowflake_section(sizes)
-    if args.only in ("", "http"):
         http_section(sizes)
     console.print(f"total {time.monotonic() - started:.0f} s")
 
