@@ -8,9 +8,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
+import pytest
 from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
+
+from tests import services
 
 
 def unique_name() -> str:
@@ -83,5 +87,26 @@ def expire_session(client: KazooClient, hosts: str) -> None:
     other.close()
 
 
-__all__ = ["KazooState", "StateLog", "expire_session", "raw_client", "unique_name",
-           "wait_serving"]
+def own_zookeeper() -> Iterator[services.Server]:
+    """For a module fixture: a ZooKeeper of the tests' own, which they may kill."""
+    server = services.zookeeper_server()
+    wait_serving(server.extra["hosts"])
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def own_zk_fixture() -> Any:
+    """A test module's ZooKeeper of its own: ``own_zk = own_zk_fixture()``."""
+    return pytest.fixture(own_zookeeper, scope="module")
+
+
+def restart(server: services.Server) -> None:
+    """Start a killed ZooKeeper again and wait until it serves."""
+    server.start()
+    wait_serving(server.extra["hosts"])
+
+
+__all__ = ["KazooState", "StateLog", "expire_session", "own_zk_fixture", "own_zookeeper",
+           "raw_client", "restart", "unique_name", "wait_serving"]
