@@ -87,11 +87,7 @@ class LeasedGenerator:
         return ids
 
     def next_id(self) -> int:
-        gen = self._gen()
-        self.registry.check()
-        value = gen.next_id()
-        self._cover(gen)
-        return value
+        return self.next_batch(1)[0]
 
     def _cover(self, gen: SnowflakeGenerator) -> None:
         last = gen.last_timestamp_ms

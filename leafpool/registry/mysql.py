@@ -143,12 +143,9 @@ class MySqlRegistry(BaseRegistry):
                 try:
                     with self._tx("claim") as conn:
                         start = self._claim_in(conn, cached)
-                except IntegrityError as exc:
+                except (IntegrityError, OperationalError) as exc:  # a race, or a deadlock
                     log.info("%s: claim raced another process (%s); retrying", self.identity,
                              exc.orig)
-                    continue
-                except OperationalError as exc:
-                    log.info("%s: claim deadlocked (%s); retrying", self.identity, exc.orig)
                     continue
                 self.degraded = False
                 self.deadline.renewed(sent, sent_wall)

@@ -315,42 +315,32 @@ class ZkRegistry(ZooKeeperRegistry):
     def _touch_temporary(self, client: KazooClient, now: int) -> None:
         """Report our time on the ephemeral node; re-create it after a session expiry.
         A node held by another session fences this process (the identity is in use)."""
+        marker = self._live_marker(now)
         for _ in range(2):
             try:
                 raw, stat = client.get_async(self.temp_path).get(timeout=self.op_timeout_s)
-            except NoNodeError:
-                if self._recreate_temporary(client, now):
+                current = client.client_id[0] if client.client_id else None
+                if stat.ephemeralOwner not in self._sessions and stat.ephemeralOwner != current:
+                    self._fence(f"identity held by {describe_holder(load(raw), stat)}")
                     return
-                continue  # another session created it meanwhile: whose is it?
-            except KAZOO_ERRORS as exc:
-                log.warning("%s: report to %s failed: %r", self.identity, self.temp_path, exc)
-                return
-            current = client.client_id[0] if client.client_id else None
-            if stat.ephemeralOwner not in self._sessions and stat.ephemeralOwner != current:
-                self._fence(f"identity held by {describe_holder(load(raw), stat)}")
-                return
-            try:
-                client.set_async(self.temp_path, self._live_marker(now), version=stat.version
+                client.set_async(self.temp_path, marker, version=stat.version
                                  ).get(timeout=self.op_timeout_s)
+            except NoNodeError:  # gone with an expired session: re-create it in ours
+                try:
+                    _, stat = client.create_async(self.temp_path, marker, ephemeral=True,
+                                                  include_data=True).get(timeout=self.op_timeout_s)
+                except NodeExistsError:
+                    continue  # another session created it meanwhile: whose is it?
+                except KAZOO_ERRORS as exc:
+                    log.warning("%s: re-creating %s failed: %r", self.identity, self.temp_path,
+                                exc)
+                    return  # the next tick tries again
+                self._sessions.add(stat.ephemeralOwner)
+                log.info("%s: re-created %s (new ZooKeeper session)", self.identity,
+                         self.temp_path)
             except KAZOO_ERRORS as exc:  # BadVersionError too: written meanwhile
                 log.warning("%s: report to %s failed: %r", self.identity, self.temp_path, exc)
             return
-
-    def _recreate_temporary(self, client: KazooClient, now: int) -> bool:
-        """Re-create our ephemeral node (new session); False when another session
-        created it first."""
-        try:
-            _, stat = client.create_async(self.temp_path, self._live_marker(now),
-                                          ephemeral=True, include_data=True
-                                          ).get(timeout=self.op_timeout_s)
-        except NodeExistsError:
-            return False
-        except KAZOO_ERRORS as exc:
-            log.warning("%s: re-creating %s failed: %r", self.identity, self.temp_path, exc)
-            return True  # the next tick tries again
-        self._sessions.add(stat.ephemeralOwner)
-        log.info("%s: re-created %s (new ZooKeeper session)", self.identity, self.temp_path)
-        return True
 
     def _reconnect(self, lease: Lease, client: KazooClient, info: SessionInfo) -> None:
         """Started from the cache: ZooKeeper answers again. Check that no other live
