@@ -76,9 +76,13 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
     def tick(self, *args: Any, **kwargs: Any) -> float:
         if not self._hold():
             return STANDBY_POLL_SECONDS
-        if self._just_acquired:
-            self._send_start_entries()
-        interval = float(super().tick(*args, **kwargs))
+        try:
+            if self._just_acquired:
+                self._send_start_entries()
+            interval = float(super().tick(*args, **kwargs))
+        except Exception as exc:  # e.g. no master while Sentinel fails over: keep beating
+            log.error("beat on %s: schedules not sent (%s); trying again", self._identity, exc)
+            return STANDBY_POLL_SECONDS
         return min(interval, LOCK_TTL_SECONDS / 3)
 
     def close(self) -> None:
