@@ -193,6 +193,19 @@ def test_the_client_follows_a_sentinel_failover_with_acknowledged_pops(
                              pop_wait_ms=300, empty_wait_seconds=1)
     client = Client(settings=settings)
     first = client.next_ids(TAG, 3)
+
+    async def async_pop() -> list[int]:  # the HTTP service's client, through the sentinels
+        deadline = time.monotonic() + 30
+        async_client = AsyncClient(settings=settings)
+        try:
+            while True:  # bounded: errors while the sentinels switch the master
+                assert time.monotonic() < deadline, "asyncio pops did not resume within 30 s"
+                with contextlib.suppress(BackendUnavailable):
+                    return await async_client.next_ids(TAG, 3)
+        finally:
+            await async_client.aclose()
+
+    assert asyncio.run(async_pop()) == [4, 5, 6]
     old = group.master
     old.kill()
     group.wait_failover(old)
@@ -202,7 +215,9 @@ def test_the_client_follows_a_sentinel_failover_with_acknowledged_pops(
         assert time.monotonic() < deadline, "pops did not resume within 30 s"
         with contextlib.suppress(BackendUnavailable):
             later = client.next_ids(TAG, 3)
-    assert first == [1, 2, 3] and later[0] > 3
+    assert first == [1, 2, 3] and later[0] > 6
+    after = asyncio.run(async_pop())
+    assert after[0] > later[-1]
 
 
 def test_the_http_service_answers_only_acknowledged_ids(topologies: Topologies) -> None:
