@@ -21,18 +21,44 @@ from tests.servers import (
     wait_until,
 )
 
-__all__ = ["IN_CI", "ROOT", "ZK_CLASSPATH", "Server", "free_port", "mariadb_server",
-           "missing", "port_open", "redis_server", "wait_until", "zookeeper_server"]
+__all__ = [
+    "IN_CI",
+    "ROOT",
+    "ZK_CLASSPATH",
+    "Server",
+    "free_port",
+    "mariadb_server",
+    "missing",
+    "port_open",
+    "redis_server",
+    "require_fuse",
+    "unavailable",
+    "wait_until",
+    "zookeeper_server",
+]
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def missing(what: str) -> NoReturn:
     """Skip locally, fail under CI=true."""
-    reason = str(NotInstalled(what))
+    unavailable(str(NotInstalled(what)))
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip locally with ``reason``, fail under CI=true (CI must provide it)."""
     if IN_CI:
         pytest.fail(reason)
     pytest.skip(reason)
+
+
+def require_fuse() -> None:
+    """The power-loss filesystem (tests/lazyfs.py) can be mounted here, or skip/fail."""
+    from tests import lazyfs
+
+    reason = lazyfs.fuse_missing()
+    if reason is not None:
+        unavailable(reason)
 
 
 def redis_server(config: Path | None = None, extra_args: list[str] | None = None) -> Server:

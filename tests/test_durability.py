@@ -36,7 +36,7 @@ import redis
 
 from leafpool.lock import RefillLock
 from leafpool.pool import Pool, Range
-from tests import lazyfs, services
+from tests import services
 from tests.lazyfs import FileState, LazyFS
 
 pytestmark = pytest.mark.slow
@@ -49,11 +49,7 @@ POP = 10
 @pytest.fixture(autouse=True)
 def _fuse() -> None:
     """Skip when FUSE cannot be used here (fail under CI=true, which must provide it)."""
-    reason = lazyfs.fuse_missing()
-    if reason is not None:
-        if services.IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
+    services.require_fuse()
 
 
 @dataclass

@@ -18,22 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from tests import lazyfs, services
+from tests import services
 from tests.lazyfs import FileState, LazyFS, is_mounted
-
-
-def require_fuse() -> None:
-    """Skip when FUSE cannot be used here (fail under CI=true, which must provide it)."""
-    reason = lazyfs.fuse_missing()
-    if reason is not None:
-        if services.IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
 
 
 @pytest.fixture
 def fs(tmp_path: Path) -> Iterator[LazyFS]:
-    require_fuse()
+    services.require_fuse()
     with LazyFS(tmp_path / "disk", tmp_path / "mnt") as mounted:
         yield mounted
 
@@ -171,7 +162,7 @@ def test_an_unlinked_file_stays_readable_while_open_and_loses_nothing_else(
 
 
 def test_stop_unmounts_and_the_disk_keeps_the_durable_state(tmp_path: Path) -> None:
-    require_fuse()
+    services.require_fuse()
     fs = LazyFS(tmp_path / "disk", tmp_path / "mnt")
     with fs:
         assert is_mounted(fs.mountpoint)
@@ -186,7 +177,7 @@ def test_stop_unmounts_and_the_disk_keeps_the_durable_state(tmp_path: Path) -> N
 
 
 def test_stop_unmounts_even_with_a_file_held_open(tmp_path: Path) -> None:
-    require_fuse()
+    services.require_fuse()
     fs = LazyFS(tmp_path / "disk", tmp_path / "mnt")
     fs.start()
     fd = os.open(fs.mountpoint / "held", os.O_CREAT | os.O_WRONLY, 0o644)
@@ -203,7 +194,7 @@ def test_stop_unmounts_even_with_a_file_held_open(tmp_path: Path) -> None:
 
 
 def test_a_killed_file_system_process_leaves_no_mount(tmp_path: Path) -> None:
-    require_fuse()
+    services.require_fuse()
     fs = LazyFS(tmp_path / "disk", tmp_path / "mnt")
     fs.start()
     try:
@@ -219,7 +210,7 @@ def test_a_killed_file_system_process_leaves_no_mount(tmp_path: Path) -> None:
 def test_a_killed_owner_leaves_no_mount(tmp_path: Path) -> None:
     """The test process itself dies (SIGKILL): its file system child is told (parent-death
     signal), unmounts and exits."""
-    require_fuse()
+    services.require_fuse()
     mnt = tmp_path / "mnt"
     owner = subprocess.Popen(
         [sys.executable, "-c",

@@ -53,7 +53,7 @@ from leafpool.client import Client
 from leafpool.config import load_settings
 from leafpool.lock import RefillLock
 from leafpool.pool import Pool, Range
-from tests import lazyfs, services
+from tests import services
 from tests import topologies as t
 from tests.lazyfs import FileState, LazyFS
 from tests.servers import NotInstalled
@@ -69,11 +69,7 @@ ROUNDS = 3
 @pytest.fixture(autouse=True)
 def _requirements() -> None:
     """Skip when FUSE or redis-server cannot be used here (fail under CI=true)."""
-    reason = lazyfs.fuse_missing()
-    if reason is not None:
-        if services.IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
+    services.require_fuse()
     if shutil.which("redis-server") is None:
         services.missing("redis-server")
 
