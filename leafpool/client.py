@@ -97,7 +97,6 @@ class Client(_Base):
         super().__init__(policy or s.empty_policy, wait)
         self.redis = redis_client or connect(s, timeout=max(5.0, wait + 5.0))
         self.pool = Pool(self.redis, s.key_prefix)
-        self.keys = self.pool.keys
         self._monotonic = monotonic
         if s.pop_replicas_required != 0:
             self.pool.require_replicas(s.pop_replicas_required, s.pop_wait_ms)
@@ -201,15 +200,16 @@ class AsyncClient(_Base):
         super().__init__(policy or s.empty_policy, wait)
         self.redis = redis_client or connect_async(s, timeout=max(5.0, wait + 5.0))
         self.pool = AsyncPool(self.redis, s.key_prefix)
-        self.keys = self.pool.keys
         self._replicas = s.pop_replicas_required
         self._wait_ms = s.pop_wait_ms
+        self._started = self._replicas == 0
 
     async def start(self) -> None:
         """Check the replicas a pop must wait for (``LEAFPOOL_POP_REPLICAS``) now, not at
-        the first pop; the first pop does it otherwise."""
-        if self._replicas != 0 and not self.pool.acks:
+        the first pop; the first pop does it otherwise (once)."""
+        if not self._started:
             await self.pool.require_replicas(self._replicas, self._wait_ms)
+            self._started = True
 
     async def next_id(self, tag: str) -> int:
         if self._replicas != 0:

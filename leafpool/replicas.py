@@ -78,19 +78,16 @@ def need(wanted: int | str, connected: int) -> int:
 
 
 def replication_id(client: Any, key: str) -> tuple[str, str]:
-    """(``master_replid``, ``host:port``) of the master holding ``key``."""
-    node = node_of(client, key)
+    """(``master_replid``, ``host:port``) of the master holding ``key``, in one round trip
+    (the address is the one the server sees this connection arrive on: CLIENT INFO)."""
     try:
-        info = node.info("replication")
+        pipe = node_of(client, key).pipeline(transaction=False)
+        pipe.info("replication")
+        pipe.client_info()
+        info, me = pipe.execute()
     except redis.RedisError as exc:
         raise BackendUnavailable(f"redis: INFO replication: {exc}") from exc
-    pool = node.connection_pool
-    if hasattr(pool, "get_master_address"):  # Sentinel: the master it found
-        host, port = pool.get_master_address()
-    else:
-        host, port = pool.connection_kwargs.get("host", "?"), pool.connection_kwargs.get("port")
-    where = f"{host}:{port}"
-    return str(info.get("master_replid", "")), where
+    return str(info.get("master_replid", "")), str(me.get("laddr", "?"))
 
 
 def log_discarded(tag: str, count: int, acked: int, required: int) -> None:

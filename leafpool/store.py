@@ -139,8 +139,9 @@ class SegmentStore:
     def init_schema(self) -> bool:
         """Create ``leaf_alloc`` with Leaf's DDL unless it exists (True when created), and
         leafpool's own ``leafpool_snowflake_tag`` and ``leafpool_retired_tag``."""
+        self._own_tables_exist = False  # check again: `db init` may follow a DROP
+        self._ensure_own_tables()
         with self._tx("schema check") as conn:
-            self._ensure_own_tables(conn)
             if inspect(conn).has_table("leaf_alloc"):
                 return False
             conn.execute(text(ddl_statement(self.dialect, "leaf_alloc")))
@@ -155,10 +156,10 @@ class SegmentStore:
             raise InvalidArgument("description", description, "at most 256 characters")
 
         def insert(conn: Connection) -> None:
-            self._ensure_own_tables(conn)
             conn.execute(snowflake_tag.insert().values(biz_tag=tag, description=description))
             self._refuse_if_in(conn, leaf_alloc, tag)
 
+        self._ensure_own_tables()
         self._add(tag, "insert snowflake tag", insert)
 
     def list_snowflake_tags(self) -> list[str]:
@@ -203,24 +204,28 @@ class SegmentStore:
         if found is not None:
             raise TagExists(tag)
 
-    def _ensure_own_tables(self, conn: Connection) -> None:
-        """leafpool's own tables exist even where leaf_alloc was created by Leaf's DDL."""
-        if not getattr(self, "_own_tables", False):
-            for table in OWN_TABLES:
-                table.create(conn, checkfirst=True)
-            self._own_tables = True
+    _own_tables_exist = False
+
+    def _ensure_own_tables(self, what: str = "create leafpool's tables") -> None:
+        """leafpool's own tables exist even where leaf_alloc was created by Leaf's DDL:
+        created (in a transaction of their own) once per store, so no later query has to
+        ask whether they exist."""
+        if not self._own_tables_exist:
+            with self._tx(what) as conn:
+                for table in OWN_TABLES:
+                    table.create(conn, checkfirst=True)
+            self._own_tables_exist = True
 
     # -- retired tags (G1 across a removal) ---------------------------------------------
 
     def retired_mark(self, tag: str) -> int:
         """The first ID a removed tag of this name never allocated (0 when none)."""
+        self._ensure_own_tables()
         with self._tx(f"{tag}: read retired mark") as conn:
             return self._retired(conn, tag)
 
     @staticmethod
     def _retired(conn: Connection, tag: str) -> int:
-        if not inspect(conn).has_table(retired_tag.name):
-            return 0
         value = conn.execute(
             select(retired_tag.c.max_id).where(retired_tag.c.biz_tag == tag)
         ).scalar_one_or_none()
@@ -229,11 +234,12 @@ class SegmentStore:
     def retire(self, tag: str, mark: int) -> int:
         """Keep ``mark`` (the first ID never allocated) for ``tag`` durably; a larger mark
         already kept stays. Returns the kept mark."""
+        self._ensure_own_tables()
         with self._tx(f"{tag}: retire") as conn:
             return self._retire(conn, tag, mark)
 
-    def _retire(self, conn: Connection, tag: str, mark: int) -> int:
-        self._ensure_own_tables(conn)
+    @staticmethod
+    def _retire(conn: Connection, tag: str, mark: int) -> int:
         row = conn.execute(
             select(retired_tag.c.max_id).where(retired_tag.c.biz_tag == tag).with_for_update()
         ).first()
@@ -262,7 +268,6 @@ class SegmentStore:
         chosen: list[int] = []
 
         def insert(conn: Connection) -> None:
-            self._ensure_own_tables(conn)
             mark = self._retired(conn, tag)
             first = max(FIRST_ID, mark) if start is None else start
             if first < mark:
@@ -276,6 +281,7 @@ class SegmentStore:
             self._refuse_if_in(conn, snowflake_tag, tag)
             chosen.append(first)
 
+        self._ensure_own_tables()
         self._add(tag, "insert", insert)
         return TagRow(tag, chosen[-1], step, description)
 
@@ -315,6 +321,7 @@ class SegmentStore:
         """Delete the tag's row and keep its mark (the larger of its ``max_id`` and
         ``pool_mark``, what the pool recorded) in ``leafpool_retired_tag``, in one
         transaction. Returns the kept mark."""
+        self._ensure_own_tables()
         with self._tx(f"{tag}: delete") as conn:
             max_id = conn.execute(
                 select(leaf_alloc.c.max_id).where(leaf_alloc.c.biz_tag == tag).with_for_update()
@@ -335,6 +342,7 @@ class SegmentStore:
         :class:`CounterBehind` is raised and nothing is written. An advance that would
         pass 2**63 - 1 raises :class:`SegmentExhausted` and writes nothing.
         """
+        self._ensure_own_tables(f"{tag}: allocate")
         started = self._monotonic()
         with self._tx(f"{tag}: allocate") as conn:
             row = conn.execute(
