@@ -238,8 +238,7 @@ class AsyncClient(_Base):
         while True:
             try:
                 return await self._next_ids(tag, n)
-            except ReplicasBehind as exc:
-                await self.pool.count_dropped(tag, exc.discarded)
+            except ReplicasBehind:
                 if loop.time() >= deadline:
                     raise
 

@@ -72,7 +72,7 @@ class AsyncPool:
         if self.acks:
             key = self._ids_key(tag)
             raw, acked = await self._then_wait(tag, key, lambda pipe: pipe.lpop(key, count))
-            return self._acknowledged(tag, list(map(int, raw)) if raw else [], acked)
+            return await self._acknowledged(tag, list(map(int, raw)) if raw else [], acked)
         try:
             raw = await self.redis.lpop(self._ids_key(tag), count)
         except redis.RedisError as exc:
@@ -84,7 +84,8 @@ class AsyncPool:
             key = self._ids_key(tag)
             popped, acked = await self._then_wait(
                 tag, key, lambda pipe: pipe.blpop([key], timeout=timeout))
-            got = self._acknowledged(tag, [] if popped is None else [int(popped[1])], acked)
+            got = await self._acknowledged(tag, [] if popped is None else [int(popped[1])],
+                                           acked)
             return got[0] if got else None
         with redis_errors(f"{tag}: BLPOP"):
             popped = await self.redis.blpop([self._ids_key(tag)], timeout=timeout)
@@ -113,7 +114,9 @@ class AsyncPool:
             code, acked = await self._then_wait(
                 tag, k.ids, lambda pipe: self._take(keys=keys, args=args, client=pipe))
             taken = take_result(tag, head, count, int(code))
-            return self._acknowledged(tag, taken, acked) if isinstance(taken, list) else taken
+            if isinstance(taken, list):
+                return await self._acknowledged(tag, taken, acked)
+            return taken
         with redis_errors(f"{tag}: take reserve"):
             code = int(await self._take(keys=keys, args=args))
         return take_result(tag, head, count, code)
@@ -170,16 +173,15 @@ class AsyncPool:
             raise wrap(exc, f"{tag}: pop") from exc
         return reply, int(acked)
 
-    def _acknowledged(self, tag: str, ids: list[int], acked: int) -> list[int]:
+    async def _acknowledged(self, tag: str, ids: list[int], acked: int) -> list[int]:
+        """``ids``, or ReplicasBehind once they are dropped and counted (as Pool does)."""
         if ids and acked < self.acks:
             replicas.log_discarded(tag, len(ids), acked, self.acks)
+            with contextlib.suppress(BackendUnavailable), redis_errors(f"{tag}: record"):
+                await self._record(keys=[self.tag(tag).state],
+                                   args=[0, "unacked_ids", len(ids)])
             raise ReplicasBehind(tag, len(ids), acked, self.acks)
         return ids
-
-    async def count_dropped(self, tag: str, count: int) -> None:
-        """Count IDs dropped for want of acknowledgements in the tag's ``unacked_ids``."""
-        with contextlib.suppress(BackendUnavailable), redis_errors(f"{tag}: record"):
-            await self._record(keys=[self.tag(tag).state], args=[0, "unacked_ids", count])
 
     # -- reads for the HTTP service ---------------------------------------------------------
 
