@@ -282,11 +282,11 @@ class Pool:
         if self.acks:
             code, acked = self._then_wait(
                 tag, k.ids, lambda pipe: self._take(keys=keys, args=args, client=pipe))
-            taken = take_result(tag, head, count, int(code))
+            taken = take_result(head, count, int(code))
             return self._acknowledged(tag, taken, acked) if isinstance(taken, list) else taken
         with redis_errors(f"{tag}: take reserve"):
             code = int(self._take(keys=keys, args=args))
-        return take_result(tag, head, count, code)
+        return take_result(head, count, code)
 
     # -- replica-acknowledged pops (docs/design.md §7) -------------------------------------
 

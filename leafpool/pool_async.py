@@ -113,13 +113,13 @@ class AsyncPool:
         if self.acks:
             code, acked = await self._then_wait(
                 tag, k.ids, lambda pipe: self._take(keys=keys, args=args, client=pipe))
-            taken = take_result(tag, head, count, int(code))
+            taken = take_result(head, count, int(code))
             if isinstance(taken, list):
                 return await self._acknowledged(tag, taken, acked)
             return taken
         with redis_errors(f"{tag}: take reserve"):
             code = int(await self._take(keys=keys, args=args))
-        return take_result(tag, head, count, code)
+        return take_result(head, count, code)
 
     # -- replica-acknowledged pops (docs/design.md §7; see leafpool.pool.Pool) ------------
 

@@ -118,6 +118,6 @@ def register_scripts(client: Any) -> dict[str, Any]:
     return {name: client.register_script(scripts.source(name)) for name in SCRIPTS}
 
 
-def take_result(tag: str, head: Range, count: int, code: int) -> list[int] | int:
+def take_result(head: Range, count: int, code: int) -> list[int] | int:
     """The IDs a take_reserve call gave (code 1), or its refusal code."""
     return list(range(head.start, head.start + count)) if code == 1 else code
