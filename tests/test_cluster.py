@@ -20,7 +20,8 @@ from leafpool.refill import SegmentRefiller
 from leafpool.runtime import Runtime
 from leafpool.status import pool_status
 from leafpool.store import SegmentStore
-from leafpool.sync import sweep, sync_tags
+from leafpool.sweep import sweep
+from leafpool.sync import sync_tags
 
 if TYPE_CHECKING:
     from tests import topologies as t

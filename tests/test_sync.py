@@ -1,4 +1,4 @@
-"""Tag sync (leaf_alloc -> pools) and the sweep that queues refills."""
+"""Tag sync (leaf_alloc -> pools)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from leafpool.errors import CounterBehind, TagExists
 from leafpool.pool import Pool
 from leafpool.refill import SegmentRefiller
 from leafpool.store import SegmentStore, TagRow
-from leafpool.sync import sweep, sync_tags
+from leafpool.sync import sync_tags
 
 
 def test_a_tag_inserted_by_sql_is_registered(pool: Pool, store: SegmentStore) -> None:
@@ -67,26 +67,6 @@ def test_a_step_changed_in_the_table_reaches_the_pool(
     store.set_step("pay", 70)
     sync_tags(pool, store)
     assert pool.snapshot("pay").state["table_step"] == "70"
-
-
-def test_sweep_queues_new_low_and_wanted_tags_once(pool: Pool, r: redis.Redis) -> None:
-    pool.register("new", "segment", 0)
-    pool.register("full", "segment", 0, low_water=2, target=4)
-    r.rpush("leafpool:{full}:ids", 1, 2, 3)
-    pool.register("low", "segment", 0, low_water=2, target=4)
-    r.rpush("leafpool:{low}:ids", 1)
-    assert sorted(sweep(pool, 30)) == [("low", "segment", False), ("new", "segment", False)]
-    assert sweep(pool, 30) == []  # already queued
-    pool.want("full")
-    assert sweep(pool, 30) == [("full", "segment", True)]
-    pool.clear_queued("low")
-    assert sweep(pool, 30) == [("low", "segment", False)]
-
-
-def test_sweep_skips_a_tag_being_refilled(pool: Pool, r: redis.Redis) -> None:
-    pool.register("busy", "segment", 0)
-    r.set("leafpool:{busy}:lock", "token")
-    assert sweep(pool, 30) == []
 
 
 def test_a_tag_added_between_the_syncs_reads_is_not_dropped(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from leafpool import sweep as sweeping
 from leafpool import sync
 from leafpool.errors import BackendUnavailable, UnknownTag
 from leafpool.refill import Refiller
@@ -54,7 +55,7 @@ def sweep() -> dict[str, object]:
     rt = runtime()
     queued = []
     wait = max(5, rt.settings.lock_ttl_ms // 1000)
-    for tag, mode, force in sync.sweep(rt.pool, queued_seconds=wait):
+    for tag, mode, force in sweeping.sweep(rt.pool, queued_seconds=wait):
         task = {"segment": refill_segment, "snowflake": refill_snowflake}.get(mode)
         if task is not None:
             task.delay(tag, force)
