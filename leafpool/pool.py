@@ -23,6 +23,7 @@ from leafpool.pool_common import SNAPSHOT_REPLIES as SNAPSHOT_REPLIES
 from leafpool.pool_common import Range as Range
 from leafpool.pool_common import Snapshot as Snapshot
 from leafpool.pool_common import (
+    ids_from,
     queue_snapshot,
     queue_want,
     register_scripts,
@@ -96,12 +97,12 @@ class Pool:
         key = self._ids_keys.get(tag) or self._ids_key(tag)
         if self.acks:
             raw, acked = self._then_wait(tag, key, lambda pipe: pipe.lpop(key, count))
-            return self._acknowledged(tag, list(map(int, raw)) if raw else [], acked)
+            return self._acknowledged(tag, ids_from(raw), acked)
         try:
             raw = self.redis.lpop(key, count)
         except redis.RedisError as exc:
             raise wrap(exc, f"{tag}: LPOP") from exc
-        return list(map(int, raw)) if raw else []  # type: ignore[call-overload]
+        return ids_from(raw)  # type: ignore[arg-type]
 
     def wait_pop(self, tag: str, timeout: float) -> int | None:
         """``BLPOP`` one ID, waiting up to ``timeout`` seconds for a refill."""

@@ -23,6 +23,7 @@ from leafpool.pool_common import (
     SNAPSHOT_REPLIES,
     Range,
     Snapshot,
+    ids_from,
     queue_snapshot,
     queue_want,
     register_scripts,
@@ -72,12 +73,12 @@ class AsyncPool:
         if self.acks:
             key = self._ids_key(tag)
             raw, acked = await self._then_wait(tag, key, lambda pipe: pipe.lpop(key, count))
-            return await self._acknowledged(tag, list(map(int, raw)) if raw else [], acked)
+            return await self._acknowledged(tag, ids_from(raw), acked)
         try:
             raw = await self.redis.lpop(self._ids_key(tag), count)
         except redis.RedisError as exc:
             raise wrap(exc, f"{tag}: LPOP") from exc
-        return list(map(int, raw)) if raw else []  # type: ignore[arg-type]
+        return ids_from(raw)  # type: ignore[arg-type]
 
     async def wait_pop(self, tag: str, timeout: float) -> int | None:
         if self.acks:

@@ -81,6 +81,24 @@ class Snapshot:
         return float(value) if value not in (None, "") else default
 
 
+def ids_from(raw: Sequence[bytes] | None) -> list[int]:
+    """The IDs of one ``LPOP key count`` reply, as ints, in order.
+
+    A pop takes a run from the head of a list that is strictly increasing (every push is
+    above the high-water mark, docs/design.md §5), and a segment pool's list is made of
+    contiguous runs (``push_ids`` pushes a contiguous run from the reserve head, checked
+    at its two ends). So when the ends of the reply are ``len - 1`` apart the reply is
+    exactly ``range(first, last + 1)`` and is read from its two ends: parsing 100
+    decimal strings costs more than the pop's own client-side work. Otherwise (snowflake
+    IDs, a pop across two segments) every string is parsed."""
+    if not raw:
+        return []
+    first, last = int(raw[0]), int(raw[-1])
+    if last - first == len(raw) - 1:
+        return list(range(first, last + 1))
+    return list(map(int, raw))
+
+
 def text(raw: object) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 

@@ -1,14 +1,19 @@
-"""The fenced Lua writes: a push or reserve append that must not happen writes nothing."""
+"""The fenced Lua writes: a push or reserve append that must not happen writes nothing;
+and the batch pop returns exactly what the list held."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from leafpool import scripts
 from leafpool.errors import StaleWrite
 from leafpool.lock import RefillLock
 from leafpool.pool import Pool, Range
+from leafpool.pool_async import AsyncPool
 
 
 def _locked(pool: Pool, tag: str) -> RefillLock:
@@ -125,3 +130,41 @@ def test_drop_removes_every_key_of_the_tag(pool: Pool, r: redis.Redis) -> None:
     assert not pool.is_known("t")
     with pytest.raises(StaleWrite):
         pool.push("t", lock.token, Range(6, 11), 1, 0)
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        list(range(1_000, 1_100)),  # one contiguous run: read from its two ends
+        [*range(1_000, 1_050), *range(5_000, 5_050)],  # across two segments
+        [7, 9, 10, 11, 12, 13],  # a gap inside: same span as a 6-ID run would not have
+        [2**63 - 3, 2**63 - 2, 2**63 - 1],  # 64-bit ends
+        [(1 << 22) * 5 + 1, (1 << 22) * 5 + 2, (1 << 22) * 6],  # snowflake-like
+        [42],
+    ],
+    ids=["run", "two-segments", "gap", "64-bit", "snowflake", "one"],
+)
+def test_a_batch_pop_returns_exactly_what_the_list_held(
+    pool: Pool, r: redis.Redis, ids: list[int]
+) -> None:
+    pool.register("t", "segment", 0)
+    r.rpush(pool.tag("t").ids, *ids)
+    assert pool.pop_many("t", len(ids) + 5) == ids
+    assert pool.pop_many("t", 5) == []
+
+
+def test_the_asyncio_batch_pop_returns_exactly_what_the_list_held(
+    r: redis.Redis, redis_url: str
+) -> None:
+    ids = [*range(10, 20), 25, *range(30, 40)]
+    r.rpush("leafpool:{t}:ids", *ids)
+
+    async def pops() -> tuple[list[int], list[int]]:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            apool = AsyncPool(client, "leafpool")
+            return await apool.pop_many("t", 10), await apool.pop_many("t", 20)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(pops()) == (ids[:10], ids[10:])
