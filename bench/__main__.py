@@ -136,6 +136,9 @@ def main() -> None:
         rows.append((f"{label}: next_ids(100) / LPOP count 100",
                      ratio(f"{label}: Client.next_ids(100)",
                            f"{label}: LPOP count 100 (redis-py)"), 0.9))
+        rows.append((f"{label}: next_ids(100) before (every string parsed) / LPOP count 100",
+                     ratio(f"{label}: Client.next_ids(100), every string parsed (before)",
+                           f"{label}: LPOP count 100 (redis-py)"), 0.9))
     client_rate = by["fsync always: LPOP (redis-py)"].ids_per_s
     rows.append(("refill IDs/s / one client's LPOP IDs/s (fsync always)",
                  refill.ids_per_s / client_rate, 10.0))

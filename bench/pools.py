@@ -51,10 +51,21 @@ def prefill(r: redis.Redis, count: int, start: int = 1_000_000) -> None:
     pipe.execute()
 
 
+class _EveryStringParsed(Pool):
+    """The batch pop before it read a contiguous run from its two ends: every decimal
+    string parsed (the baseline of issue 10's next_ids target)."""
+
+    def pop_many(self, tag: str, count: int) -> list[int]:
+        raw = self.redis.lpop(self.tag(tag).ids, count)
+        return list(map(int, raw)) if raw else []  # type: ignore[call-overload]
+
+
 def pops(url: str, label: str, single_ops: int, batch_ops: int) -> list[Result]:
     r = redis.Redis.from_url(url)
     Pool(r).register(TAG, "segment", 0)
     client = Client(r, settings=load_settings(redis_url=url), policy="raise")
+    before = Client(r, settings=load_settings(redis_url=url), policy="raise")
+    before.pool = _EveryStringParsed(r)
     cases: list[tuple[Result, Callable[[], object], int]] = [
         (Result(f"{label}: LPOP (redis-py)", 1), lambda: r.lpop(IDS_KEY), single_ops),
         (Result(f"{label}: Client.next_id", 1), lambda: client.next_id(TAG), single_ops),
@@ -62,10 +73,12 @@ def pops(url: str, label: str, single_ops: int, batch_ops: int) -> list[Result]:
          batch_ops),
         (Result(f"{label}: Client.next_ids(100)", 100), lambda: client.next_ids(TAG, 100),
          batch_ops),
+        (Result(f"{label}: Client.next_ids(100), every string parsed (before)", 100),
+         lambda: before.next_ids(TAG, 100), batch_ops),
         (Result(f"{label}: INCR (not durable as an ID source)", 1),
          lambda: r.incr("bench:counter"), single_ops),
     ]
-    need = 2 * single_ops + 2 * 100 * batch_ops + 1000
+    need = 2 * single_ops + 3 * 100 * batch_ops + 1000
     return interleaved(cases, ROUNDS, before_round=lambda: prefill(r, need))
 
 
