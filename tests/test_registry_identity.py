@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -17,7 +18,6 @@ from leafpool.registry.identity import (
     MAX_IDENTITY_LENGTH,
     safe_identity,
     split_identity,
-    unsafe_identity,
     validate_identity,
     validate_name,
 )
@@ -55,26 +55,25 @@ def test_the_longest_identity_is_allowed() -> None:
 
 @pytest.mark.parametrize("identity", [
     "host-a:celery@node-1:0", "../../etc/passwd:x:0", "h/o/s/t:n:1", "naïve:n:2", "a%2D:b:3",
-    ".", "..", "100%:n:0",
+    ".", "..", "100%:n:0", "a~b c:n:0",
 ])
 def test_safe_identity_is_a_reversible_plain_name(identity: str) -> None:
     safe = safe_identity(identity)
     assert "/" not in safe and "-" not in safe and safe not in {".", ".."}
     assert all(c.isascii() and (c.isalnum() or c in "_.:@%") for c in safe)
-    assert unsafe_identity(safe) == identity
+    assert unquote(safe) == identity  # reversible: distinct identities, distinct names
 
 
 def test_a_plain_identity_is_its_own_safe_form() -> None:
     assert safe_identity("host_a.example:celery@w1:0") == "host_a.example:celery@w1:0"
+    # every other byte of the UTF-8 as %XX: the names in existing trees and cache dirs
+    assert safe_identity("host-a:naïve~1/ ") == "host%2Da:na%C3%AFve%7E1%2F%20"
+    assert safe_identity("..") == "%2E%2E"
 
 
 def test_distinct_identities_never_share_a_safe_form() -> None:
     names = ["a-b:n:0", "a_b:n:0", "a%2Db:n:0", "a.b:n:0", "a b:n:0", "a%:n:0", "a%25:n:0"]
     assert len({safe_identity(n) for n in names}) == len(names)
-
-
-def test_unsafe_identity_keeps_a_percent_that_escapes_nothing() -> None:
-    assert unsafe_identity("a%zz%4") == "a%zz%4"
 
 
 def test_split_identity_is_host_and_the_rest() -> None:

@@ -60,7 +60,7 @@ def test_record_high_water_never_lowers_and_renews(my: MySqlBackend) -> None:
     a.claim()
     my.execute("UPDATE leaf_workerid_alloc SET update_time = NOW() - INTERVAL 20 SECOND, "
                "max_timestamp = 5")
-    a._high_water = 0  # a stale in-process mark: the database keeps the larger value
+    a.high_water_ms = 0  # a stale in-process mark: the database keeps the larger value
     a.record_high_water(3)
     assert my.rows()[1]["max_timestamp"] == 5
     with my.db.connect() as conn:
@@ -113,7 +113,7 @@ def test_mysql_down_at_start_uses_the_cached_lease(my: MySqlBackend) -> None:
     cached = json.loads(a.cache.path.read_text())
     assert cached["lease_until"] == now + int(a.deadline.fence_after_s * 1000)
     a._close()  # the process dies without releasing
-    a._lease = None
+    a.lease = None
 
     behind = my.open_unreachable("host-a:w:0", clock=FakeMsClock(now + 500))
     with pytest.raises(ClockMovedBackwards) as err:
@@ -133,7 +133,7 @@ def test_mysql_down_at_start_uses_the_cached_lease(my: MySqlBackend) -> None:
     with pytest.raises(WorkerIdUnavailable) as err2:
         reg.check()
     assert "not renewed" in str(err2.value)
-    reg._lease = None
+    reg.lease = None
 
     expired = my.open_unreachable("host-a:w:0", clock=FakeMsClock(cached["lease_until"] + 10))
     with pytest.raises(WorkerIdUnavailable) as err3:

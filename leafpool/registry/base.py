@@ -1,28 +1,22 @@
-"""The worker-ID registry contract and what every mode shares.
+"""The worker-ID registry contract and what every mode shares (docs/design.md §8.1).
 
 A registry gives one generator process (an *identity*) a worker ID and keeps, per
 worker ID, the high-water timestamp: the largest ms a generator may have pushed IDs for.
-The contract the caller follows (:class:`~leafpool.registry.leased.LeasedGenerator` does
-it for you):
+The caller (:class:`~leafpool.registry.leased.LeasedGenerator` does it for you):
 
-1. :meth:`BaseRegistry.claim` once (after the fork); it returns a :class:`Lease`.
-   The generator is built with ``high_water_ms=lease.last_timestamp_ms`` and so never
-   emits a timestamp at or below it.
-2. Before pushing IDs whose timestamps reach ``ms``: :meth:`~BaseRegistry.record_high_water`
-   with ``ms`` or more (a window ahead, so it is not called per batch). It returns only
-   when the mark is durable in the source and in the local cache file, and raises when
-   the lease is lost.
+1. :meth:`BaseRegistry.claim` once (after the fork); the generator is built above
+   ``lease.last_timestamp_ms``;
+2. :meth:`~BaseRegistry.record_high_water` with ``ms`` or more before pushing IDs whose
+   timestamps reach ``ms``: it returns once the mark is durable in the source and the
+   cache file, and raises when the lease is lost;
 3. :meth:`~BaseRegistry.check` before each push: it raises :class:`WorkerIdUnavailable`
-   once the registry has fenced the holder (lease lost or not renewed in time).
+   once the holder is fenced;
 4. :meth:`~BaseRegistry.release` on clean shutdown.
 
-A mode supplies how it acquires a worker ID (``_acquire``) and how it writes the mark
-(``_write_mark``; ``_renew`` and ``_give_back`` where a background round or the release
-do more). The base does the rest: the clock check at start (a start is refused when the
-local clock is behind the recorded timestamp, whichever of the source and the cache
-file supplied it; unlike Leaf's holder, a start from the cache file is held to the same
-check), the cache file, the background tick and the fencing; leasing modes add a
-:class:`~leafpool.registry.timing.LeaseDeadline`.
+A mode supplies ``_acquire`` (take a worker ID, with the clock check of :meth:`_start`
+or a start from the cache file, :meth:`_cached_start`) and ``_write_mark``; ``_renew``,
+``_give_back``, ``_check_live`` and ``_close`` where it does more. The base does the
+rest: the cache file, the background tick and the fencing.
 """
 
 from __future__ import annotations
@@ -51,9 +45,6 @@ from leafpool.snowflake import iso_utc, validate_worker_id, wall_clock_ms
 
 log = logging.getLogger(__name__)
 
-Clock = Callable[[], int]
-Sleep = Callable[[float], None]
-
 
 @dataclass(frozen=True)
 class Lease:
@@ -69,25 +60,13 @@ class Lease:
 
 
 class Start(NamedTuple):
-    """What a mode's ``_acquire`` found: the worker ID, the recorded mark the generator
-    must stay above, the mark written at the claim (``max(now, recorded)``) and where the
-    ID came from."""
+    """What ``_acquire`` found: the worker ID, the recorded mark, the mark written at
+    the claim (``max(now, recorded)``) and where the ID came from."""
 
     worker_id: int
     recorded: int
     mark: int
     source: str
-
-
-def clock_behind(worker_id: int, now: int, recorded: int, where: str) -> ClockMovedBackwards:
-    """ClockMovedBackwards with a message naming the recorded timestamp and its source."""
-    exc = ClockMovedBackwards(worker_id, recorded - now)
-    exc.args = (
-        f"worker {worker_id}: clock moved backwards by {recorded - now} ms: the local clock "
-        f"{now} ({iso_utc(now)}) is behind the timestamp {recorded} ({iso_utc(recorded)}) "
-        f"recorded in {where}; refusing to start (fix the clock, or wait until it passes)",
-    )
-    return exc
 
 
 class BaseRegistry:
@@ -107,8 +86,8 @@ class BaseRegistry:
         settings: Settings,
         identity: str,
         *,
-        clock: Clock = wall_clock_ms,
-        sleep: Sleep = time.sleep,
+        clock: Callable[[], int] = wall_clock_ms,
+        sleep: Callable[[float], None] = time.sleep,
         monotonic: Callable[[], float] = time.monotonic,
         background: bool = True,
         start_wait_ms: int = 0,
@@ -127,36 +106,24 @@ class BaseRegistry:
         self.cache_dir = Path(settings.snowflake_cache_dir) / self.name
         self.cache = CacheFile(self.cache_dir / f"{self.safe_identity}.json")
         self.token = ""
-        self._lease: Lease | None = None
-        self._high_water = 0
-        self._fenced: str | None = None  # permanent: the lease is lost
+        #: the current lease; the mark recorded for it; why it is fenced (for good)
+        self.lease: Lease | None = None
+        self.high_water_ms = 0
+        self.fenced: str | None = None
+        #: started from the cache file: the source did not answer
+        self.degraded = False
         self._io = threading.RLock()
         self._ticker: Ticker | None = None
 
     # -- the contract -------------------------------------------------------------------
 
-    @property
-    def lease(self) -> Lease | None:
-        """The current lease, if any."""
-        return self._lease
-
-    @property
-    def high_water_ms(self) -> int:
-        return self._high_water
-
-    @property
-    def fenced(self) -> str | None:
-        """Why the holder is fenced (permanently), or None."""
-        return self._fenced
-
     def claim(self) -> Lease:
         """Get a worker ID for this identity (or raise); idempotent while held."""
         with self._io:
-            if self._lease is not None and self._fenced is None:
-                return self._lease
+            if self.lease is not None and self.fenced is None:
+                return self.lease
             self._stop_ticker()
-            self._lease = None
-            self._fenced = None
+            self.lease, self.fenced, self.degraded = None, None, False
             self.token = secrets.token_hex(8)
             try:
                 start = self._acquire(self.read_cache())
@@ -165,17 +132,22 @@ class BaseRegistry:
             except BaseException:
                 self._close()
                 raise
-            lease = Lease(start.worker_id, start.recorded, start.source, self.identity,
-                          self.mode)
-            self._lease, self._high_water = lease, start.mark
-            log.info("%s: claimed worker %d (mode %s, source %s, last timestamp %d)",
-                     self.identity, lease.worker_id, self.mode, lease.source,
-                     lease.last_timestamp_ms)
+            lease = Lease(start.worker_id, start.recorded, start.source, self.identity, self.mode)
+            self.lease, self.high_water_ms = lease, start.mark
+            log.info(
+                "%s: claimed worker %d (mode %s, source %s, last timestamp %d)",
+                self.identity,
+                lease.worker_id,
+                self.mode,
+                lease.source,
+                start.recorded,
+            )
         if self.background:
-            interval = (self.settings.snowflake_renew_seconds if self.leased
-                        else self.settings.snowflake_report_seconds)
-            self._ticker = Ticker(interval, self.tick, f"leafpool-{self.mode}-{lease.worker_id}",
-                                  self.identity)
+            interval = self.settings.snowflake_report_seconds
+            if self.leased:
+                interval = self.settings.snowflake_renew_seconds
+            name = f"leafpool-{self.mode}-{lease.worker_id}"
+            self._ticker = Ticker(interval, self.tick, name, self.identity)
             self._ticker.start()
         return lease
 
@@ -185,23 +157,22 @@ class BaseRegistry:
             raise InvalidArgument("ms", ms, "a timestamp in ms since 1970 (integer >= 0)")
         with self._io:
             self.check()
-            lease = self._lease
+            lease = self.lease
             assert lease is not None
-            if ms <= self._high_water:
+            if ms <= self.high_water_ms:
                 return
             self._write_mark(lease, ms)
-            self._high_water = ms
+            self.high_water_ms = ms
             self._write_cache(lease.worker_id, ms)
 
     def check(self) -> None:
         """Raise :class:`WorkerIdUnavailable` unless the lease is held right now."""
-        lease = self._lease
-        if lease is None:
+        if self.lease is None:
             raise WorkerIdUnavailable(f"{self.identity}: no worker ID claimed")
-        if self._fenced is not None:
-            raise WorkerIdUnavailable(
-                f"{self.identity}: worker {lease.worker_id} fenced: {self._fenced}")
-        self._check_live(f"{self.identity}: worker {lease.worker_id}")
+        who = f"{self.identity}: worker {self.lease.worker_id}"
+        if self.fenced is not None:
+            raise WorkerIdUnavailable(f"{who} fenced: {self.fenced}")
+        self._check_live(who)
 
     def release(self, last_emitted_ms: int | None = None) -> None:
         """Give the worker ID back (clean shutdown). With ``last_emitted_ms`` (the last
@@ -210,53 +181,47 @@ class BaseRegistry:
         so a quick restart is not refused by its own window."""
         self._stop_ticker()
         with self._io:
-            lease = self._lease
+            lease = self.lease
             if lease is None:
                 return
-            final = self._high_water
+            final = self.high_water_ms
             if last_emitted_ms is not None:
                 final = max(last_emitted_ms, self.clock(), lease.last_timestamp_ms)
             try:
-                if self._fenced is None:
+                if self.fenced is None:
                     self._give_back(lease, final)
                     self._write_cache(lease.worker_id, final, lease_until=0)
-                    self._high_water = final
+                    self.high_water_ms = final
             finally:
-                self._lease = None
+                self.lease = None
                 self._close()
-            log.info("%s: released worker %d (last timestamp %d)", self.identity,
-                     lease.worker_id, final)
+            log.info(
+                "%s: released worker %d (last timestamp %d)", self.identity, lease.worker_id, final
+            )
 
     def tick(self) -> None:
         """One background round: report the clock to the source (renewing the lease in
         the leasing modes) and to the cache file."""
         with self._io:
-            lease = self._lease
-            if lease is None or self._fenced is not None:
+            lease = self.lease
+            if lease is None or self.fenced is not None:
                 return
-            ts = max(self.clock(), self._high_water)
+            ts = max(self.clock(), self.high_water_ms)
             try:
                 if not self._renew(lease, ts):
                     return
             except BackendUnavailable as exc:
                 log.warning("%s: renew failed: %s", self.identity, exc)
                 return
-            self._high_water = ts
+            self.high_water_ms = ts
             self._write_cache(lease.worker_id, ts)
-
-    def __enter__(self) -> BaseRegistry:
-        self.claim()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
     # -- what a mode supplies -----------------------------------------------------------
 
     def _acquire(self, cached: CacheRecord | None) -> Start:
-        """Take a worker ID for this identity in the source, check the clock against its
-        mark (:meth:`_start`) and write the start mark there. ``cached``: this
-        identity's cache file. On failure the base calls :meth:`_close`."""
+        """Take a worker ID in the source, check the clock against its mark
+        (:meth:`_start`) and write the start mark there. ``cached``: this identity's
+        cache file. On failure the base calls :meth:`_close`."""
         raise NotImplementedError
 
     def _write_mark(self, lease: Lease, ms: int) -> None:
@@ -281,8 +246,9 @@ class BaseRegistry:
 
     # -- shared steps -------------------------------------------------------------------
 
-    def _start(self, worker_id: int, recorded: int, where: str, cached: CacheRecord | None,
-               source: str) -> Start:
+    def _start(
+        self, worker_id: int, recorded: int, where: str, cached: CacheRecord | None, source: str
+    ) -> Start:
         """The claim's clock check: the recorded mark is the larger of the source's
         (``recorded``, kept in ``where``) and the cache file's; the clock must not be
         behind it."""
@@ -297,23 +263,31 @@ class BaseRegistry:
         now = self.clock()
         if now >= recorded:
             return now
-        behind = recorded - now
-        if behind > self.start_wait_ms:
-            log.error("%s: worker %d: clock %d is behind the timestamp %d recorded in %s",
-                      self.identity, worker_id, now, recorded, where)
-            raise clock_behind(worker_id, now, recorded, where)
-        log.warning("%s: worker %d: clock is %d ms behind the timestamp recorded in %s; "
-                    "waiting for it to pass", self.identity, worker_id, behind, where)
-        deadline = self.monotonic() + 2 * self.start_wait_ms / 1000 + 1
-        while now < recorded:
-            if self.monotonic() > deadline:
-                raise clock_behind(worker_id, now, recorded, where)
-            self.sleep((recorded - now) / 1000)
-            now = self.clock()
-        return now
+        if recorded - now <= self.start_wait_ms:
+            log.warning(
+                "%s: worker %d: clock is %d ms behind the timestamp recorded in %s; "
+                "waiting for it to pass",
+                self.identity,
+                worker_id,
+                recorded - now,
+                where,
+            )
+            deadline = self.monotonic() + 2 * self.start_wait_ms / 1000 + 1
+            while now < recorded and self.monotonic() <= deadline:
+                self.sleep((recorded - now) / 1000)
+                now = self.clock()
+            if now >= recorded:
+                return now
+        exc = ClockMovedBackwards(worker_id, recorded - now)
+        exc.args = (
+            f"worker {worker_id}: clock moved backwards by {recorded - now} ms: the local clock "
+            f"{now} ({iso_utc(now)}) is behind the timestamp {recorded} ({iso_utc(recorded)}) "
+            f"recorded in {where}; refusing to start (fix the clock, or wait until it passes)",
+        )
+        log.error("%s: %s", self.identity, exc)
+        raise exc
 
-    def _cached_start(self, reason: str, cause: BaseException, cached: CacheRecord | None
-                      ) -> Start:
+    def _cached_start(self, reason: str, cause: BaseException, cached: CacheRecord | None) -> Start:
         """The source is unreachable: start from the cache file, with the clock check
         (leasing modes: only while the cached lease surely runs, which it then does)."""
         if cached is None:
@@ -332,19 +306,24 @@ class BaseRegistry:
                     "process may own it now, so the cache cannot be used"
                 ) from cause
             self.deadline.resume(cached.lease_until, now)
-        self._verify_clock(cached.worker_id, cached.last_timestamp,
-                           f"the cache file {self.cache.path}")
+        where = f"the cache file {self.cache.path}"
+        self._verify_clock(cached.worker_id, cached.last_timestamp, where)
         self.token = cached.token or self.token
-        log.warning("%s: %s; starting from the cache file with worker %d (last timestamp "
-                    "%d)", self.identity, reason, cached.worker_id, cached.last_timestamp)
+        self.degraded = True
+        log.warning(
+            "%s: %s; starting from the cache file with worker %d (last timestamp %d)",
+            self.identity,
+            reason,
+            cached.worker_id,
+            cached.last_timestamp,
+        )
         return Start(cached.worker_id, cached.last_timestamp, cached.last_timestamp, "cache")
 
     def _fence(self, reason: str) -> None:
-        if self._fenced is None:
-            self._fenced = reason
-            wid = self._lease.worker_id if self._lease else -1
-            log.error("%s: worker %d fenced, generation must stop: %s", self.identity, wid,
-                      reason)
+        if self.fenced is None:
+            self.fenced = reason
+            wid = self.lease.worker_id if self.lease else -1
+            log.error("%s: worker %d fenced, generation must stop: %s", self.identity, wid, reason)
 
     def _stop_ticker(self) -> None:
         if self._ticker is not None:
@@ -355,17 +334,25 @@ class BaseRegistry:
         """This identity's cache record (a file another identity wrote is ignored)."""
         record = self.cache.read()
         if record is not None and record.identity and record.identity != self.identity:
-            log.warning("%s: cache file %s belongs to %r; ignored", self.identity,
-                        self.cache.path, record.identity)
+            path, owner = self.cache.path, record.identity
+            log.warning("%s: cache file %s belongs to %r; ignored", self.identity, path, owner)
             return None
         return record
 
-    def _write_cache(self, worker_id: int, last_timestamp: int, lease_until: int | None = None
-                     ) -> None:
+    def _write_cache(
+        self, worker_id: int, last_timestamp: int, lease_until: int | None = None
+    ) -> None:
         if lease_until is None:
             lease_until = self.deadline.until_wall if self.deadline is not None else 0
-        self.cache.write(CacheRecord(
-            worker_id=worker_id, last_timestamp=last_timestamp, identity=self.identity,
-            mode=self.mode, token=self.token, lease_until=lease_until,
-            updated_at=self.clock(), pid=os.getpid(),
-        ))
+        self.cache.write(
+            CacheRecord(
+                worker_id=worker_id,
+                last_timestamp=last_timestamp,
+                identity=self.identity,
+                mode=self.mode,
+                token=self.token,
+                lease_until=lease_until,
+                updated_at=self.clock(),
+                pid=os.getpid(),
+            )
+        )

@@ -1,65 +1,40 @@
 """Generator identities: one Celery worker process is ``host:celery-node-name:index``.
 
-An identity is stored raw where text is free (MySQL ``ip_port``, JSON data) and in a
-*safe* form where it names something: a ZooKeeper node (``/`` is a path separator, and
-Leaf splits its ``forever`` children on ``-``) or a cache file. The safe form keeps
-``A-Z a-z 0-9 _ . : @`` and writes every other byte of the UTF-8 encoding as ``%XX``, so
-it is reversible and two identities never share a safe form.
+An identity is stored raw where text is free (MySQL ``ip_port``, JSON data) and in its
+*safe* form where it names a ZooKeeper node or a cache file (docs/design.md §8.1).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 
 from leafpool.errors import ConfigurationError, InvalidArgument
 
 MAX_IDENTITY_LENGTH = 127  # leaf_workerid_alloc.ip_port is varchar(127)
-_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:@")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:@]")  # escaped in the safe form
+_NAME = re.compile(r"[A-Za-z0-9_.@]+")
 
 
 def validate_identity(identity: object) -> str:
     if not isinstance(identity, str) or not identity.strip():
         raise InvalidArgument("identity", identity, "a non-empty string like host:node:index")
     if len(identity) > MAX_IDENTITY_LENGTH:
-        raise InvalidArgument(
-            "identity", identity,
-            f"is {len(identity)} characters long; at most {MAX_IDENTITY_LENGTH} are allowed",
-        )
+        why = f"is {len(identity)} characters long; at most {MAX_IDENTITY_LENGTH} are allowed"
+        raise InvalidArgument("identity", identity, why)
     if any(ord(c) < 32 for c in identity):
         raise InvalidArgument("identity", identity, "must not contain control characters")
     return identity
 
 
 def safe_identity(identity: str) -> str:
-    """The identity as a ZooKeeper node name / file name component (reversible)."""
+    """The identity as a ZooKeeper node name / file name component: ``A-Z a-z 0-9 _ . :
+    @`` kept, every other byte of its UTF-8 as ``%XX`` (``-`` too: Leaf splits its
+    ``forever`` children on it), so ``urllib.parse.unquote`` reverses it."""
     validate_identity(identity)
-    out: list[str] = []
-    for ch in identity:
-        if ch in _SAFE:
-            out.append(ch)
-        else:
-            out.extend(f"%{b:02X}" for b in ch.encode("utf-8"))
-    safe = "".join(out)
+    safe = _UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m[0].encode()), identity)
     return safe if safe not in {".", ".."} else safe.replace(".", "%2E")
-
-
-def unsafe_identity(safe: str) -> str:
-    """Inverse of :func:`safe_identity`."""
-    raw = bytearray()
-    i = 0
-    while i < len(safe):
-        if safe[i] == "%" and i + 2 < len(safe) and _is_hex(safe[i + 1:i + 3]):
-            raw.append(int(safe[i + 1:i + 3], 16))
-            i += 3
-        else:
-            raw.extend(safe[i].encode("utf-8"))
-            i += 1
-    return raw.decode("utf-8")
-
-
-def _is_hex(text: str) -> bool:
-    return len(text) == 2 and all(c in "0123456789ABCDEFabcdef" for c in text)
 
 
 def split_identity(identity: str) -> tuple[str, str]:
@@ -81,8 +56,7 @@ def default_identity() -> str:
 
 def validate_name(name: object) -> str:
     """``snowflake_name`` becomes a ZooKeeper path segment and a directory name."""
-    if not isinstance(name, str) or not name or any(c not in _SAFE or c == ":" for c in name) \
-            or name in {".", ".."}:
+    if not isinstance(name, str) or name in {".", ".."} or not _NAME.fullmatch(name):
         raise ConfigurationError(
             "LEAFPOOL_SNOWFLAKE_NAME", name, "a non-empty name from A-Z a-z 0-9 _ . @"
         )

@@ -5,30 +5,12 @@ come and go).
 Layout::
 
     /snowflake/{name}/recycle/lease/0007   ephemeral: the lease, held by the holder's
-        ZooKeeper session (timeout = snowflake_lease_seconds); data {"identity", "ip",
-        "port", "token", "timestamp"}
+        session; data {"identity", "ip", "port", "token", "timestamp"}
     /snowflake/{name}/recycle/hw/0007      persistent: the worker ID's high-water mark
         {"timestamp", "identity", "token"}; it outlives every holder
 
-A claim creates the first free lease node (this identity's previous worker ID first),
-reads the high-water node, refuses when the local clock is behind it, and rewrites it
-conditionally on its znode version. Every later write of the high-water node is a
-transaction that checks the lease node and the high-water node's version: whoever
-claims the worker ID next bumps that version, so a former holder's write can never
-land after the next holder has read the mark, and the next holder always starts above
-every timestamp a former holder pushed.
-
-Self-fencing: :meth:`check` raises as soon as the connection is SUSPENDED or LOST, the
-session changed, or no renew (a versioned write, every ``snowflake_renew_seconds``)
-succeeded within 2/3 of the granted session timeout
-(:class:`~leafpool.registry.timing.LeaseDeadline`). kazoo declares a connection
-SUSPENDED after 2/3 of the session timeout without an answer, and ZooKeeper expires the
-session (and deletes the lease) only after the whole timeout, so the holder stops
-before another process can get its worker ID.
-
-A lease lives in a ZooKeeper session, so there is no start from the cache file in this
-mode: a new process cannot hold a lease it could not create. The cache file is still
-kept (worker ID and last timestamp) and its timestamp joins the start's clock check.
+Why a former holder's write can never land after the next holder read the mark, and why
+the holder stops before anyone else can get its worker ID: docs/design.md §8.3.
 """
 
 from __future__ import annotations
@@ -45,13 +27,16 @@ from leafpool.config import Settings
 from leafpool.errors import BackendUnavailable, WorkerIdUnavailable
 from leafpool.registry.base import Lease, Start
 from leafpool.registry.cache import CacheRecord
-from leafpool.registry.zk_common import KAZOO_ERRORS, ZooKeeperRegistry, dump, load, timestamp_of
+from leafpool.registry.zk_common import KAZOO_ERRORS, ZooKeeperRegistry, dump, timestamp_of
 from leafpool.snowflake import MAX_WORKER_ID
 
 log = logging.getLogger(__name__)
 
 RELEASE_ERRORS: tuple[type[BaseException], ...] = (
-    WorkerIdUnavailable, BackendUnavailable, *KAZOO_ERRORS)
+    WorkerIdUnavailable,
+    BackendUnavailable,
+    *KAZOO_ERRORS,
+)
 
 
 class RecycleRegistry(ZooKeeperRegistry):
@@ -60,9 +45,8 @@ class RecycleRegistry(ZooKeeperRegistry):
 
     def __init__(self, settings: Settings, identity: str, **kwargs: Any) -> None:
         super().__init__(settings, identity, **kwargs)
-        self.root = f"/snowflake/{self.name}/recycle"
-        self.lease_dir = f"{self.root}/lease"
-        self.hw_dir = f"{self.root}/hw"
+        self.lease_dir = f"/snowflake/{self.name}/recycle/lease"
+        self.hw_dir = f"/snowflake/{self.name}/recycle/hw"
         self._suspended_at: float | None = None
         self._session_id: int | None = None  # the session holding our lease node
 
@@ -71,11 +55,6 @@ class RecycleRegistry(ZooKeeperRegistry):
 
     def hw_path(self, worker_id: int) -> str:
         return f"{self.hw_dir}/{worker_id:04d}"
-
-    @property
-    def op_timeout_s(self) -> float:  # type: ignore[override]
-        assert self.deadline is not None
-        return max(0.5, self.deadline.fence_after_s / 2)
 
     # -- claim --------------------------------------------------------------------------
 
@@ -87,6 +66,7 @@ class RecycleRegistry(ZooKeeperRegistry):
         ) from exc
 
     def _claim_with(self, client: KazooClient, cached: CacheRecord | None) -> Start:
+        """Create the first free lease node, this identity's previous worker ID first."""
         assert self.deadline is not None and self.session is not None
         self.deadline.lease_s = self.session.timeout_s
         self._suspended_at = None
@@ -94,25 +74,28 @@ class RecycleRegistry(ZooKeeperRegistry):
         client.ensure_path(self.lease_dir)
         client.ensure_path(self.hw_dir)
         taken = {int(c) for c in client.get_children(self.lease_dir) if c.isdigit()}
-        free = [w for w in range(MAX_WORKER_ID + 1) if w not in taken]
-        if cached is not None and cached.worker_id in free:
-            free.remove(cached.worker_id)
-            free.insert(0, cached.worker_id)
+        previous = cached.worker_id if cached is not None else -1
+        free = sorted(set(range(MAX_WORKER_ID + 1)) - taken, key=lambda w: (w != previous, w))
         for worker_id in free:
-            data = {"identity": self.identity, "ip": self.host, "port": self.rest,
-                    "token": self.token, "timestamp": self.clock()}
+            data = {
+                "identity": self.identity,
+                "ip": self.host,
+                "port": self.rest,
+                "token": self.token,
+                "timestamp": self.clock(),
+            }
             try:
                 client.create(self.lease_path(worker_id), dump(data), ephemeral=True)
             except NodeExistsError:
                 continue
             self._session_id = client.client_id[0] if client.client_id else None
-            return self._adopt(client, worker_id, cached)
+            return self._raise_mark(client, worker_id, cached)
         raise WorkerIdUnavailable(
             f"{self.identity}: all {MAX_WORKER_ID + 1} worker IDs are leased under "
             f"{self.lease_dir}; none is free to claim"
         )
 
-    def _adopt(self, client: KazooClient, worker_id: int, cached: CacheRecord | None) -> Start:
+    def _raise_mark(self, client: KazooClient, worker_id: int, cached: CacheRecord | None) -> Start:
         """Raise the worker ID's mark to the start mark, at the version we read: a former
         holder's late write in between makes us read the mark again."""
         assert self.deadline is not None
@@ -124,8 +107,8 @@ class RecycleRegistry(ZooKeeperRegistry):
                 with contextlib.suppress(NodeExistsError):
                     client.create(path, dump({"timestamp": 0}))
                 continue
-            start = self._start(worker_id, timestamp_of(load(raw)), f"ZooKeeper {path}",
-                                cached, "zookeeper")
+            where = f"ZooKeeper {path}"
+            start = self._start(worker_id, timestamp_of(raw), where, cached, "zookeeper")
             sent, sent_wall = self.monotonic(), self.clock()
             try:
                 stat = client.set(path, self._hw_data(start.mark), version=stat.version)
@@ -145,12 +128,13 @@ class RecycleRegistry(ZooKeeperRegistry):
         """kazoo's connection thread: must not block."""
         if state == KazooState.SUSPENDED:
             self._suspended_at = self.monotonic()
-            log.warning("%s: ZooKeeper connection suspended; generation stops until the "
-                        "lease is confirmed", self.identity)
+            log.warning("%s: ZooKeeper connection suspended; generation stops", self.identity)
         elif state == KazooState.LOST:
             self._fence("ZooKeeper session lost: the lease node is gone")
 
     def _check_live(self, who: str) -> None:
+        """Fenced while the connection is not CONNECTED, was SUSPENDED since the last
+        renew, or the session changed; then the lease deadline."""
         assert self.deadline is not None
         client = self.client
         if client is None:
@@ -160,13 +144,13 @@ class RecycleRegistry(ZooKeeperRegistry):
                 f"{who}: ZooKeeper connection {client.state}; self-fenced until the lease "
                 "is confirmed"
             )
-        current = client.client_id[0] if client.client_id else None
-        if current != self._session_id:
+        if (client.client_id[0] if client.client_id else None) != self._session_id:
             self._fence("the ZooKeeper session changed (the old one expired)")
             self.check()
         if self._suspended_at is not None and self._suspended_at >= self.deadline.last_ok:
             raise WorkerIdUnavailable(
-                f"{who}: connection was suspended; self-fenced until the next renew succeeds")
+                f"{who}: connection was suspended; self-fenced until the next renew succeeds"
+            )
         self.deadline.check(who)
 
     # -- writes -------------------------------------------------------------------------
@@ -185,10 +169,11 @@ class RecycleRegistry(ZooKeeperRegistry):
             tx.check(lease_path, version=0)
             tx.set_data(hw_path, self._hw_data(ms), version=self._version)
             try:
-                lease_ok, hw = tx.commit_async().get(timeout=self.op_timeout_s)
+                lease_ok, hw = self._wait(tx.commit_async())
             except KAZOO_ERRORS as exc:
-                raise BackendUnavailable(f"{self.identity}: worker {lease.worker_id}: "
-                                         f"ZooKeeper write failed: {exc!r}") from exc
+                raise BackendUnavailable(
+                    f"{self.identity}: worker {lease.worker_id}: ZooKeeper write failed: {exc!r}"
+                ) from exc
             if isinstance(lease_ok, NoNodeError | BadVersionError):
                 self._fence(f"lease node {lease_path} is gone")
                 self.check()
@@ -208,15 +193,12 @@ class RecycleRegistry(ZooKeeperRegistry):
         return True
 
     def _give_back(self, lease: Lease, final_ms: int) -> None:
-        client = self.client
-        if client is None or client.state != KazooState.CONNECTED:
-            return
         try:
-            self._write_mark(lease, final_ms)
-            client.delete_async(self.lease_path(lease.worker_id)).get(timeout=self.op_timeout_s)
+            if self._renew(lease, final_ms):  # only while connected
+                assert self.client is not None
+                self._wait(self.client.delete_async(self.lease_path(lease.worker_id)))
         except RELEASE_ERRORS as exc:
-            log.warning("%s: release of worker %d failed: %r", self.identity,
-                        lease.worker_id, exc)
+            log.warning("%s: release of worker %d failed: %r", self.identity, lease.worker_id, exc)
 
     def _close(self) -> None:
         if self.client is not None:

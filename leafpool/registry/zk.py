@@ -1,46 +1,16 @@
 """Mode ``zk``: Leaf's ZooKeeper holder (``SnowflakeZookeeperHolder``), made safe.
 
-Layout (Leaf's, so an existing Leaf tree is shared without conflict)::
+Leaf's layout, so an existing Leaf tree is shared without conflict::
 
-    /snowflake/{name}/forever/{identity}-0000000007   persistent sequential; the
-        sequence number is the worker ID, reused by the same identity after a restart.
-        Data: Leaf's Endpoint JSON {"ip", "port", "timestamp"} plus our "token".
-    /snowflake/{name}/temporary/{identity}            ephemeral (the article's
-        leaf_temporary): marks the identity live; data {"ip", "port", "timestamp", "token",
-        "pid"}
+    /snowflake/{name}/forever/{identity}-0000000007   persistent sequential: the
+        sequence number is the worker ID, the identity's for ever; Leaf's Endpoint
+        {"ip", "port", "timestamp"} plus our "token"
+    /snowflake/{name}/temporary/{identity}            ephemeral: the identity is live;
+        the same data plus "pid"
 
-The identity is written in its safe form (no ``-``, which Leaf splits child names on).
-``timestamp`` is reported every ``snowflake_report_seconds`` (Leaf: 3 s) and raised by
-:meth:`record_high_water`; every write of the forever node is conditional on the znode
-version this process last wrote, so a second process that claimed the same identity
-fences the first.
-
-Start (:meth:`claim`):
-
-1. create the ephemeral ``temporary`` node; if a live session holds it, the identity
-   is in use and the start is refused (unless the holder is this host's previous
-   incarnation of the identity: same token as the cache file);
-2. compare the local clock with the live peers': each peer's offset to ZooKeeper's
-   clock is its reported timestamp minus the node's ``mtime``; ours is measured the same
-   way on our own node. The mean difference must stay within
-   ``snowflake_peer_skew_ms`` (Leaf's article describes this check; Leaf never shipped
-   it);
-3. find or create the forever node; more than 1024 sequence numbers means no worker ID
-   is left (never wrapped);
-4. refuse when the local clock is behind the recorded timestamp (the node's or the
-   cache file's, whichever is larger).
-
-ZooKeeper is a weak dependency here, as in Leaf: the worker ID belongs to the identity
-for ever, so when ZooKeeper is unreachable at start the cache file supplies it (same
-clock check), and while it is unreachable the high-water mark is written to the cache
-file and synced to ZooKeeper once it answers again.
-
-One identity, one live process: a process that finds its ``temporary`` node held by
-another live session once ZooKeeper answers again (started from the cache file, or its
-session expired and the node is not its own) is **fenced**: it stops generating for good
-(the pool keeps serving what it holds), logs it and reports ``fenced: identity held by
-...`` as the tag's lease state. The holder is told apart from this identity's previous,
-dead incarnation by the token and pid in the node.
+The start (the live identity, the clock against the live peers', the forever node),
+ZooKeeper as a weak dependency and the fencing of a second live process of one identity:
+docs/design.md §8.2.
 """
 
 from __future__ import annotations
@@ -95,55 +65,44 @@ class ZkRegistry(ZooKeeperRegistry):
 
     def __init__(self, settings: Settings, identity: str, **kwargs: Any) -> None:
         super().__init__(settings, identity, **kwargs)
-        self.root = f"/snowflake/{self.name}"
-        self.forever = f"{self.root}/forever"
-        self.temporary = f"{self.root}/temporary"
+        self.forever = f"/snowflake/{self.name}/forever"
+        self.temporary = f"/snowflake/{self.name}/temporary"
         self.temp_path = f"{self.temporary}/{self.safe_identity}"
-        self.op_timeout_s = min(10.0, settings.snowflake_lease_seconds)
-        self.node_path: str | None = None
+        self.node_path: str | None = None  # our forever node
         self.peer_skew_ms: float | None = None
         self.pending_sync = False  # high-water written to the cache only (ZK unreachable)
         self._sessions: set[int] = set()  # sessions this registry created its node in
 
-    @property
-    def degraded(self) -> bool:
-        """True while running without ZooKeeper (started from the cache file)."""
-        return self.node_path is None
-
     # -- claim --------------------------------------------------------------------------
 
     def _unreachable(self, exc: BackendUnavailable, cached: CacheRecord | None) -> Start:
-        self.node_path = None
         return self._cached_start(f"ZooKeeper unreachable ({exc})", exc, cached)
 
     def _claim_with(self, client: KazooClient, cached: CacheRecord | None) -> Start:
-        own_stat, sent = self._join(client, cached)
+        client.ensure_path(self.forever)
+        client.ensure_path(self.temporary)
+        own_stat, sent = self._hold_identity(client, cached)
         self._check_peers(client, own_stat, sent)
         worker_id, path = self._find_forever(client) or self._create_forever(client)
         raw, stat = client.get(path)
-        start = self._start(worker_id, timestamp_of(load(raw)), f"ZooKeeper {path}", cached,
-                            "zookeeper")
+        where = f"ZooKeeper {path}"
+        start = self._start(worker_id, timestamp_of(raw), where, cached, "zookeeper")
         try:
-            stat = client.set(path, self._endpoint(start.mark), version=stat.version)
+            stat = client.set(path, self._data(start.mark), version=stat.version)
         except BadVersionError as exc:
             raise WorkerIdUnavailable(
                 f"{self.identity}: worker {worker_id} ({path}) was written by another "
                 "process while claiming it; two processes share this identity"
             ) from exc
-        self._version = stat.version
-        self.node_path = path
+        self._version, self.node_path = stat.version, path
         return start
 
-    def _endpoint(self, ts: int) -> bytes:
-        return dump({"ip": self.host, "port": self.rest, "timestamp": ts, "token": self.token})
+    def _data(self, ts: int, live: bool = False) -> bytes:
+        """Leaf's Endpoint plus our token; on the ``temporary`` node (``live``) our pid."""
+        data = {"ip": self.host, "port": self.rest, "timestamp": ts, "token": self.token}
+        return dump({**data, "pid": os.getpid()} if live else data)
 
-    def _live_marker(self, ts: int) -> bytes:
-        """Data of the ``temporary`` node: the endpoint plus this process's pid."""
-        return dump({"ip": self.host, "port": self.rest, "timestamp": ts, "token": self.token,
-                     "pid": os.getpid()})
-
-    def _previous_incarnation(self, holder: dict[str, Any], cached: CacheRecord | None
-                              ) -> bool:
+    def _previous_incarnation(self, holder: dict[str, Any], cached: CacheRecord | None) -> bool:
         """True when a held ``temporary`` node is this identity's previous process, now
         gone (its token is the cache file's, its pid runs no more): it may be taken over.
         Any other holder is another live process."""
@@ -153,61 +112,71 @@ class ZkRegistry(ZooKeeperRegistry):
         writer = cached if not isinstance(pid, int) else dataclasses.replace(cached, pid=pid)
         return writer.writer_gone()
 
-    def _join(self, client: KazooClient, cached: CacheRecord | None) -> tuple[ZnodeStat, int]:
-        """Create our ephemeral ``temporary`` node (:class:`IdentityHeld` when another
-        live process holds it); returns its stat and our clock when we sent it."""
-        client.ensure_path(self.forever)
-        client.ensure_path(self.temporary)
+    def _hold_identity(
+        self, client: KazooClient, cached: CacheRecord | None
+    ) -> tuple[ZnodeStat, int]:
+        """Create our ephemeral ``temporary`` node, or report our clock on it while our
+        session holds it. A node of an earlier session of ours, or of this identity's
+        previous process (gone), is taken over; another live holder raises
+        :class:`IdentityHeld`. Returns the node's stat and our clock when we wrote it."""
         for _ in range(3):
             sent = self.clock()
+            marker = self._data(sent, live=True)
             try:
-                _, stat = client.create(self.temp_path, self._live_marker(sent),
-                                        ephemeral=True, include_data=True)
+                raw, stat = self._wait(client.get_async(self.temp_path))
+            except NoNodeError:
+                try:
+                    created = client.create_async(
+                        self.temp_path, marker, ephemeral=True, include_data=True
+                    )
+                    _, stat = self._wait(created)
+                except NodeExistsError:
+                    continue  # another session created it meanwhile: whose is it?
                 self._sessions.add(stat.ephemeralOwner)
                 return stat, sent
-            except NodeExistsError:
-                pass
-            try:
-                raw, ostat = client.get(self.temp_path)
-            except NoNodeError:
-                continue
+            if client.client_id and stat.ephemeralOwner == client.client_id[0]:
+                return self._wait(client.set_async(self.temp_path, marker, stat.version)), sent
             holder = load(raw)
-            if ostat.ephemeralOwner in self._sessions:
+            if stat.ephemeralOwner in self._sessions:
                 what = "this process's own node from an earlier session"
             elif self._previous_incarnation(holder, cached):
                 what = f"this identity's previous process (pid {holder.get('pid', '?')}, gone)"
             else:
-                who = describe_holder(holder, ostat)
+                who = describe_holder(holder, stat)
                 raise IdentityHeld(
                     f"{self.identity}: identity in use: {self.temp_path} is held by {who}; "
                     "two processes must not share an identity (it waits until that "
-                    "session ends)", who,
+                    "session ends)",
+                    who,
                 )
-            log.warning("%s: taking over %s from %s (session 0x%x)", self.identity,
-                        self.temp_path, what, ostat.ephemeralOwner)
+            log.warning(
+                "%s: taking over %s from %s (session 0x%x)",
+                self.identity,
+                self.temp_path,
+                what,
+                stat.ephemeralOwner,
+            )
             with contextlib.suppress(NoNodeError, BadVersionError):
-                client.delete(self.temp_path, version=ostat.version)
+                self._wait(client.delete_async(self.temp_path, version=stat.version))
         raise WorkerIdUnavailable(f"{self.identity}: could not create {self.temp_path}")
 
     def _check_peers(self, client: KazooClient, own: ZnodeStat, sent: int) -> None:
         """Refuse when our clock differs from the live peers' by more than allowed."""
         ours = sent - own.mtime
         names = [c for c in client.get_children(self.temporary) if c != self.safe_identity]
-        pending = [(n, client.get_async(f"{self.temporary}/{n}")) for n in names]
+        pending = [client.get_async(f"{self.temporary}/{n}") for n in names]
         skews: list[int] = []
-        for _, result in pending:
+        for result in pending:
             try:
-                raw, stat = result.get(timeout=self.op_timeout_s)
+                raw, stat = self._wait(result)
             except NoNodeError:
                 continue
-            reported = timestamp_of(load(raw))
-            if reported > 0:
-                skews.append(ours - (reported - stat.mtime))
+            if timestamp_of(raw) > 0:
+                skews.append(ours - (timestamp_of(raw) - stat.mtime))
         if not skews:
             log.info("%s: no live peers to compare the clock with", self.identity)
             return
-        mean = sum(skews) / len(skews)
-        self.peer_skew_ms = mean
+        mean = self.peer_skew_ms = sum(skews) / len(skews)
         limit = self.settings.snowflake_peer_skew_ms
         if abs(mean) > limit:
             raise WorkerIdUnavailable(
@@ -225,11 +194,11 @@ class ZkRegistry(ZooKeeperRegistry):
                 mine.append((int(seq), f"{self.forever}/{child}"))
         if not mine:
             return None
-        mine.sort()
+        worker_id, path = min(mine)
         if len(mine) > 1:
-            log.warning("%s: %d forever nodes for this identity; using the lowest, %s",
-                        self.identity, len(mine), mine[0][1])
-        worker_id, path = mine[0]
+            log.warning(
+                "%s: %d forever nodes; using the lowest, %s", self.identity, len(mine), path
+            )
         if worker_id > MAX_WORKER_ID:
             raise WorkerIdUnavailable(
                 f"{self.identity}: its forever node {path} has sequence {worker_id}, above "
@@ -238,8 +207,8 @@ class ZkRegistry(ZooKeeperRegistry):
         return worker_id, path
 
     def _create_forever(self, client: KazooClient) -> tuple[int, str]:
-        path = client.create(f"{self.forever}/{self.safe_identity}-",
-                             self._endpoint(self.clock()), sequence=True)
+        prefix = f"{self.forever}/{self.safe_identity}-"
+        path = client.create(prefix, self._data(self.clock()), sequence=True)
         worker_id = int(path.rpartition("-")[2])
         if worker_id > MAX_WORKER_ID:
             with contextlib.suppress(*KAZOO_ERRORS):
@@ -256,22 +225,23 @@ class ZkRegistry(ZooKeeperRegistry):
 
     def _connected(self) -> KazooClient | None:
         client = self.client
-        if client is None or self.node_path is None or client.state != KazooState.CONNECTED:
-            return None
-        return client
+        return client if client is not None and client.state == KazooState.CONNECTED else None
 
     def _write_forever(self, client: KazooClient, ts: int) -> bool:
         """Versioned write of the forever node. False when ZooKeeper did not answer;
         fences (and raises) when another process wrote it."""
         path = self.node_path
         assert path is not None
+
+        def write() -> ZnodeStat:
+            return self._wait(client.set_async(path, self._data(ts), version=self._version))
+
         try:
-            self._write_versioned(path, lambda: client.set_async(
-                path, self._endpoint(ts), version=self._version).get(timeout=self.op_timeout_s),
-                "another process")
+            self._write_versioned(path, write, "another process")
         except KAZOO_ERRORS as exc:
-            log.warning("%s: ZooKeeper write of %s failed (%r); kept in the cache file",
-                        self.identity, path, exc)
+            log.warning(
+                "%s: writing %s failed (%r); kept in the cache file", self.identity, path, exc
+            )
             return False
         return True
 
@@ -279,22 +249,26 @@ class ZkRegistry(ZooKeeperRegistry):
         client = self._connected()
         if client is None or not self._write_forever(client, ms):
             self.pending_sync = True
-            log.warning("%s: worker %d: high-water %d recorded in the cache file only "
-                        "(ZooKeeper unreachable; synced when it answers)", self.identity,
-                        lease.worker_id, ms)
+            log.warning(
+                "%s: worker %d: high-water %d recorded in the cache file only "
+                "(ZooKeeper unreachable; synced when it answers)",
+                self.identity,
+                lease.worker_id,
+                ms,
+            )
 
     def tick(self) -> None:
         """Started from the cache: try ZooKeeper again first. The connect attempt runs
         without the registry's lock, so record_high_water never waits for it."""
-        lease = self._lease
-        if lease is not None and self._fenced is None and self.node_path is None:
+        lease = self.lease
+        if lease is not None and self.fenced is None and self.degraded:
             try:
                 client, info = self._connect(min(2.0, self.connect_timeout_s))
             except BackendUnavailable:
                 pass
             else:
                 with self._io:
-                    if self._lease is lease and self.node_path is None:
+                    if self.lease is lease and self.degraded:
                         self._reconnect(lease, client, info)
                     else:
                         close(client)
@@ -304,74 +278,49 @@ class ZkRegistry(ZooKeeperRegistry):
         """Report our clock on the ephemeral node (first: is the identity still ours?),
         then the mark on the forever node; the cache file holds it either way."""
         client = self._connected()
-        if client is not None:
-            self._touch_temporary(client, self.clock())
-            if self._fenced is not None:
-                return False  # logged by the fence; nothing more is written
-            if self._write_forever(client, ms):
-                self.pending_sync = False
+        if client is None:
+            return True
+        try:
+            self._hold_identity(client, None)
+        except IdentityHeld as exc:
+            self._fence(f"identity held by {exc.holder}")
+            return False  # nothing more is written
+        except RECONNECT_ERRORS as exc:  # the next tick tries again
+            log.warning("%s: report to %s failed: %r", self.identity, self.temp_path, exc)
+        if self._write_forever(client, ms):
+            self.pending_sync = False
         return True
-
-    def _touch_temporary(self, client: KazooClient, now: int) -> None:
-        """Report our time on the ephemeral node; re-create it after a session expiry.
-        A node held by another session fences this process (the identity is in use)."""
-        marker = self._live_marker(now)
-        for _ in range(2):
-            try:
-                raw, stat = client.get_async(self.temp_path).get(timeout=self.op_timeout_s)
-                current = client.client_id[0] if client.client_id else None
-                if stat.ephemeralOwner not in self._sessions and stat.ephemeralOwner != current:
-                    self._fence(f"identity held by {describe_holder(load(raw), stat)}")
-                    return
-                client.set_async(self.temp_path, marker, version=stat.version
-                                 ).get(timeout=self.op_timeout_s)
-            except NoNodeError:  # gone with an expired session: re-create it in ours
-                try:
-                    _, stat = client.create_async(self.temp_path, marker, ephemeral=True,
-                                                  include_data=True).get(timeout=self.op_timeout_s)
-                except NodeExistsError:
-                    continue  # another session created it meanwhile: whose is it?
-                except KAZOO_ERRORS as exc:
-                    log.warning("%s: re-creating %s failed: %r", self.identity, self.temp_path,
-                                exc)
-                    return  # the next tick tries again
-                self._sessions.add(stat.ephemeralOwner)
-                log.info("%s: re-created %s (new ZooKeeper session)", self.identity,
-                         self.temp_path)
-            except KAZOO_ERRORS as exc:  # BadVersionError too: written meanwhile
-                log.warning("%s: report to %s failed: %r", self.identity, self.temp_path, exc)
-            return
 
     def _reconnect(self, lease: Lease, client: KazooClient, info: SessionInfo) -> None:
         """Started from the cache: ZooKeeper answers again. Check that no other live
         process holds the identity (else fence) and that ZooKeeper agrees on the worker
         ID; the tick then syncs the high-water mark."""
         try:
-            try:
-                self._join(client, self.read_cache())
-            except IdentityHeld as exc:
-                self._fence(f"identity held by {exc.holder}")
-                close(client)
-                return
+            client.ensure_path(self.forever)
+            client.ensure_path(self.temporary)
+            self._hold_identity(client, self.read_cache())
             found = self._find_forever(client)
             if found is None or found[0] != lease.worker_id:
                 self._fence(
                     f"ZooKeeper has worker {found[0] if found else None} for this identity, "
                     f"but this process started from the cache file with {lease.worker_id}"
                 )
-                close(client)
+            else:
+                raw, stat = client.get(found[1])
+                self._version, self.node_path = stat.version, found[1]
+                self.client, self.session, self.degraded = client, info, False
+                self.high_water_ms = max(self.high_water_ms, timestamp_of(raw))
+                log.info(
+                    "%s: ZooKeeper reachable again; worker %d confirmed",
+                    self.identity,
+                    lease.worker_id,
+                )
                 return
-            raw, stat = client.get(found[1])
-            self._version = stat.version
-            self.node_path = found[1]
-            self.client, self.session = client, info
-            self._high_water = max(self._high_water, timestamp_of(load(raw)))
-            log.info("%s: ZooKeeper reachable again; worker %d confirmed", self.identity,
-                     lease.worker_id)
+        except IdentityHeld as exc:
+            self._fence(f"identity held by {exc.holder}")
         except RECONNECT_ERRORS as exc:
             log.warning("%s: reconnecting to ZooKeeper failed: %s", self.identity, exc)
-            self.node_path = None
-            close(client)
+        close(client)
 
     def _give_back(self, lease: Lease, final_ms: int) -> None:
         client = self._connected()
@@ -379,7 +328,7 @@ class ZkRegistry(ZooKeeperRegistry):
             return
         try:
             self._write_forever(client, final_ms)
-            client.delete_async(self.temp_path).get(timeout=self.op_timeout_s)
+            self._wait(client.delete_async(self.temp_path))
         except KAZOO_ERRORS as exc:
             log.warning("%s: release in ZooKeeper failed: %r", self.identity, exc)
 

@@ -1,7 +1,6 @@
-"""What the ``zk`` and ``zk_recycle`` modes share: the kazoo client, JSON node data,
-wrapping kazoo's errors in :class:`BackendUnavailable` at the boundary, and
-:class:`ZooKeeperRegistry` (connecting at the claim, the versioned writes of the mark
-node and the adoption of a lost write)."""
+"""What the ``zk`` and ``zk_recycle`` modes share: :class:`ZooKeeperRegistry` (the kazoo
+client opened at the claim, kazoo's errors wrapped in :class:`BackendUnavailable`, the
+versioned writes of the mark node and the adoption of a lost write) and JSON node data."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import ZnodeStat
 from kazoo.retry import KazooRetry
 
@@ -29,67 +29,26 @@ log = logging.getLogger(__name__)
 KAZOO_ERRORS: tuple[type[BaseException], ...] = (KazooException, KazooTimeoutError)
 
 
-def require_hosts(hosts: str, mode: str) -> str:
-    if not hosts.strip():
-        raise ConfigurationError(
-            "LEAFPOOL_ZK_HOSTS", hosts, f"a ZooKeeper connect string is required in "
-            f"snowflake mode {mode} (e.g. 127.0.0.1:2181)",
-        )
-    return hosts.strip()
-
-
 class SessionInfo:
-    """The session timeout ZooKeeper actually granted (it may clamp the requested one
-    into ``[minSessionTimeout, maxSessionTimeout]``); kazoo does not expose it, so it is
-    read where kazoo's connection derives its read timeout from it."""
+    """The session timeout ZooKeeper granted (it may clamp the requested one into
+    ``[minSessionTimeout, maxSessionTimeout]``); kazoo does not expose it, so it is read
+    where kazoo's connection derives its read timeout (2/3 of it) from it."""
 
-    def __init__(self, requested_s: float) -> None:
-        self.requested_s = requested_s
+    def __init__(self, client: KazooClient, requested_s: float) -> None:
+        self.timeout_s = requested_s  # the granted timeout once known
         self.negotiated_s: float | None = None
-
-    @property
-    def timeout_s(self) -> float:
-        """The granted timeout when known (else the requested one)."""
-        return self.negotiated_s if self.negotiated_s is not None else self.requested_s
-
-    def hook(self, client: KazooClient) -> None:
         conn = getattr(client, "_connection", None)
-        original: Callable[..., Any] | None = getattr(conn, "_connect", None)
-        if conn is None or original is None:  # pragma: no cover - other kazoo versions
+        original = getattr(conn, "_connect", None)
+        if original is None:  # pragma: no cover - other kazoo versions
             return
 
         def _connect(*args: Any, **kwargs: Any) -> Any:
-            result = original(*args, **kwargs)
-            # kazoo returns (read_timeout_ms, connect_timeout_ms); read = 2/3 of the session
+            result = original(*args, **kwargs)  # (read_timeout_ms, connect_timeout_ms)
             with contextlib.suppress(TypeError, ValueError, IndexError):
-                self.negotiated_s = float(result[0]) * 1.5 / 1000
+                self.negotiated_s = self.timeout_s = float(result[0]) * 1.5 / 1000
             return result
 
-        conn._connect = _connect
-
-
-def connect(hosts: str, *, session_timeout_s: float, connect_timeout_s: float,
-            what: str) -> tuple[KazooClient, SessionInfo]:
-    """A started kazoo client, or :class:`BackendUnavailable`."""
-    client = KazooClient(
-        hosts=hosts,
-        timeout=session_timeout_s,
-        connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0,
-                                    max_jitter=0.1),
-    )
-    info = SessionInfo(session_timeout_s)
-    info.hook(client)
-    try:
-        client.start(timeout=connect_timeout_s)
-    except KAZOO_ERRORS as exc:
-        # kazoo's stop waits for a connect attempt in flight (up to the session
-        # timeout): let it finish in the background, the caller has waited enough
-        threading.Thread(target=close, args=(client, what), name="leafpool-zk-close",
-                         daemon=True).start()
-        raise BackendUnavailable(f"{what}: ZooKeeper {hosts} unreachable: {exc!r}") from exc
-    log.debug("%s: connected to ZooKeeper %s (session timeout %.1fs)", what, hosts,
-              info.timeout_s)
-    return client, info
+        conn._connect = _connect  # type: ignore[union-attr]
 
 
 def close(client: KazooClient | None, what: str = "leafpool") -> None:
@@ -108,19 +67,17 @@ def dump(data: dict[str, Any]) -> bytes:
 
 def load(raw: bytes | None) -> dict[str, Any]:
     """Node data as a dict; empty or foreign data reads as ``{}``."""
-    if not raw:
-        return {}
     try:
-        value = json.loads(raw.decode())
+        value = json.loads(raw.decode()) if raw else {}
     except (ValueError, UnicodeDecodeError):
         return {}
     return value if isinstance(value, dict) else {}
 
 
-def timestamp_of(data: dict[str, Any]) -> int:
-    value = data.get("timestamp", 0)
+def timestamp_of(raw: bytes | None) -> int:
+    """The ``timestamp`` of node data (0 when it has none)."""
     try:
-        return int(value)
+        return int(load(raw).get("timestamp", 0))
     except (TypeError, ValueError):
         return 0
 
@@ -129,22 +86,59 @@ class ZooKeeperRegistry(BaseRegistry):
     """A registry whose source is ZooKeeper. The mode supplies ``_claim_with`` (the claim
     on a connected client) and ``_unreachable`` (what a start without ZooKeeper does)."""
 
-    op_timeout_s: float
-
-    def __init__(self, settings: Settings, identity: str, *,
-                 connect_timeout_s: float | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        identity: str,
+        *,
+        connect_timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(settings, identity, **kwargs)
-        self.hosts = require_hosts(settings.zk_hosts, self.mode)
+        self.hosts = settings.zk_hosts.strip()
+        if not self.hosts:
+            raise ConfigurationError(
+                "LEAFPOOL_ZK_HOSTS",
+                settings.zk_hosts,
+                f"a ZooKeeper connect string is required in snowflake mode {self.mode} "
+                "(e.g. 127.0.0.1:2181)",
+            )
         self.connect_timeout_s = connect_timeout_s or min(10.0, settings.snowflake_lease_seconds)
         self.client: KazooClient | None = None
         self.session: SessionInfo | None = None
         self._version = -1  # the mark node's version this process last wrote
 
-    def _connect(self, connect_timeout_s: float | None = None
-                 ) -> tuple[KazooClient, SessionInfo]:
-        return connect(self.hosts, session_timeout_s=self.settings.snowflake_lease_seconds,
-                       connect_timeout_s=connect_timeout_s or self.connect_timeout_s,
-                       what=self.identity)
+    @property
+    def op_timeout_s(self) -> float:
+        """How long one ZooKeeper operation may take: leasing, half the time left to
+        renew before the holder fences itself."""
+        if self.deadline is not None:
+            return max(0.5, self.deadline.fence_after_s / 2)
+        return min(10.0, self.settings.snowflake_lease_seconds)
+
+    def _wait(self, result: IAsyncResult) -> Any:
+        """The result of an asynchronous kazoo call, within :attr:`op_timeout_s`."""
+        return result.get(timeout=self.op_timeout_s)
+
+    def _connect(self, timeout_s: float | None = None) -> tuple[KazooClient, SessionInfo]:
+        """A started kazoo client, or :class:`BackendUnavailable`."""
+        session_s = self.settings.snowflake_lease_seconds
+        retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0, max_jitter=0.1)
+        client = KazooClient(hosts=self.hosts, timeout=session_s, connection_retry=retry)
+        info = SessionInfo(client, session_s)
+        try:
+            client.start(timeout=timeout_s or self.connect_timeout_s)
+        except KAZOO_ERRORS as exc:
+            # kazoo's stop waits for a connect attempt in flight (up to the session
+            # timeout): let it finish in the background, the caller has waited enough
+            threading.Thread(
+                target=close, args=(client, self.identity), name="leafpool-zk-close", daemon=True
+            ).start()
+            raise BackendUnavailable(
+                f"{self.identity}: ZooKeeper {self.hosts} unreachable: {exc!r}"
+            ) from exc
+        log.debug("%s: connected to ZooKeeper %s", self.identity, self.hosts)
+        return client, info
 
     def _acquire(self, cached: CacheRecord | None) -> Start:
         try:
@@ -180,13 +174,13 @@ class ZooKeeperRegistry(BaseRegistry):
     def _adopt_own_write(self, path: str) -> bool:
         assert self.client is not None
         try:
-            raw, stat = self.client.get_async(path).get(timeout=self.op_timeout_s)
+            raw, stat = self._wait(self.client.get_async(path))
         except KAZOO_ERRORS:
             return False
-        if load(raw).get("token") == self.token:
-            self._version = stat.version
-            return True
-        return False
+        if load(raw).get("token") != self.token:
+            return False
+        self._version = stat.version
+        return True
 
     def _close(self) -> None:
         close(self.client)
