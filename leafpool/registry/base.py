@@ -102,7 +102,7 @@ class BaseRegistry:
         self.monotonic = monotonic
         self.background = background
         self.start_wait_ms = start_wait_ms
-        self.deadline = LeaseDeadline(settings, monotonic) if self.leased else None
+        self.deadline = LeaseDeadline(settings, self.leased, monotonic, clock)
         self.cache_dir = Path(settings.snowflake_cache_dir) / self.name
         self.cache = CacheFile(self.cache_dir / f"{self.safe_identity}.json")
         self.token = ""
@@ -148,7 +148,6 @@ class BaseRegistry:
                 interval = self.settings.snowflake_renew_seconds
             name = f"leafpool-{self.mode}-{lease.worker_id}"
             self._ticker = Ticker(interval, self.tick, name, self.identity)
-            self._ticker.start()
         return lease
 
     def record_high_water(self, ms: int) -> None:
@@ -238,8 +237,7 @@ class BaseRegistry:
 
     def _check_live(self, who: str) -> None:
         """Raise WorkerIdUnavailable while generating is not safe (self-fencing)."""
-        if self.deadline is not None:
-            self.deadline.check(who)
+        self.deadline.check(who)
 
     def _close(self) -> None:
         """Drop connections and locks."""
@@ -296,7 +294,7 @@ class BaseRegistry:
                 "to start from"
             ) from cause
         validate_worker_id(cached.worker_id)
-        if self.deadline is not None:
+        if self.leased:
             now = self.clock()
             if now >= cached.lease_until:
                 raise WorkerIdUnavailable(
@@ -342,8 +340,6 @@ class BaseRegistry:
     def _write_cache(
         self, worker_id: int, last_timestamp: int, lease_until: int | None = None
     ) -> None:
-        if lease_until is None:
-            lease_until = self.deadline.until_wall if self.deadline is not None else 0
         self.cache.write(
             CacheRecord(
                 worker_id=worker_id,
@@ -351,7 +347,7 @@ class BaseRegistry:
                 identity=self.identity,
                 mode=self.mode,
                 token=self.token,
-                lease_until=lease_until,
+                lease_until=self.deadline.until_wall if lease_until is None else lease_until,
                 updated_at=self.clock(),
                 pid=os.getpid(),
             )

@@ -1,11 +1,6 @@
 """The local cache file of a generator identity (Leaf's ``workerID.properties``, plus the
-last timestamp): ``{snowflake_cache_dir}/{snowflake_name}/{safe identity}.json``.
-
-It holds the worker ID **and** the last recorded timestamp, so a start without
-ZooKeeper/MySQL works and is held to the same clock check as a start from the source.
-Writes are atomic and durable: a temporary file in the same directory, ``fsync``,
-``os.replace``, then ``fsync`` of the directory.
-"""
+last timestamp): ``{snowflake_cache_dir}/{snowflake_name}/{safe identity}.json``, written
+atomically and durably (docs/design.md §8.1)."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ import json
 import logging
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from leafpool.errors import WorkerIdUnavailable
@@ -47,6 +42,14 @@ class CacheRecord:
         except PermissionError:
             return False
         return False
+
+    def left_by_gone_writer(self, token: object, pid: object = None) -> bool:
+        """True when a holding marked with ``token`` (and ``pid``, when it says) is this
+        identity's previous process, the one that wrote this record, now gone: it may be
+        taken over. Any other holder may be another live process."""
+        if not self.token or token != self.token:
+            return False
+        return (replace(self, pid=pid) if isinstance(pid, int) else self).writer_gone()
 
 
 class CacheFile:

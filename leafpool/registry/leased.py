@@ -36,8 +36,9 @@ class LeasedGenerator:
     ) -> None:
         self.registry = registry
         self.settings = settings
-        self.window_ms = (int(settings.snowflake_report_seconds * 1000)
-                          if window_ms is None else window_ms)
+        self.window_ms = (
+            int(settings.snowflake_report_seconds * 1000) if window_ms is None else window_ms
+        )
         self._clock = clock
         self._sleep = sleep
         self._rng = rng
@@ -49,16 +50,24 @@ class LeasedGenerator:
         """Claim a worker ID and build the generator above its recorded timestamp."""
         lease = self.registry.claim()
         self.generator = SnowflakeGenerator.from_settings(
-            lease.worker_id, self.settings, high_water_ms=lease.last_timestamp_ms,
-            clock=self._clock, sleep=self._sleep, rng=self._rng,
+            lease.worker_id,
+            self.settings,
+            high_water_ms=lease.last_timestamp_ms,
+            clock=self._clock,
+            sleep=self._sleep,
+            rng=self._rng,
         )
         self.lease = lease
         self._recorded = lease.last_timestamp_ms
         days = self.settings.snowflake_exhaustion_warn_days
         if self.generator.exhausts_within(days):
-            log.warning("worker %d: the snowflake time bits run out in %.2f years "
-                        "(LEAFPOOL_SNOWFLAKE_EPOCH=%d)", lease.worker_id,
-                        self.generator.years_left(), self.settings.snowflake_epoch)
+            log.warning(
+                "worker %d: the snowflake time bits run out in %.2f years "
+                "(LEAFPOOL_SNOWFLAKE_EPOCH=%d)",
+                lease.worker_id,
+                self.generator.years_left(),
+                self.settings.snowflake_epoch,
+            )
         return lease
 
     def lease_state(self, error: LeafpoolError | None = None) -> str:

@@ -52,7 +52,8 @@ class LocalRegistry(BaseRegistry):
             return self.mapping[self.identity]
         except KeyError:
             raise ConfigurationError(
-                LOCAL_MAP_ENV, self.settings.snowflake_local_map,
+                LOCAL_MAP_ENV,
+                self.settings.snowflake_local_map,
                 f"has no entry for this process's identity {self.identity!r}",
             ) from None
 
@@ -70,7 +71,8 @@ class LocalRegistry(BaseRegistry):
             return worker_id
         raise WorkerIdUnavailable(
             f"{self.identity}: all {MAX_WORKER_ID + 1} worker IDs are held by processes on "
-            f"this host ({self.cache_dir})")
+            f"this host ({self.cache_dir})"
+        )
 
     def _acquire(self, cached: CacheRecord | None) -> Start:
         worker_id = self.worker_id_for_identity(cached)

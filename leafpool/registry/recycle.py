@@ -67,7 +67,7 @@ class RecycleRegistry(ZooKeeperRegistry):
 
     def _claim_with(self, client: KazooClient, cached: CacheRecord | None) -> Start:
         """Create the first free lease node, this identity's previous worker ID first."""
-        assert self.deadline is not None and self.session is not None
+        assert self.session is not None
         self.deadline.lease_s = self.session.timeout_s
         self._suspended_at = None
         client.add_listener(self._on_state)
@@ -98,7 +98,6 @@ class RecycleRegistry(ZooKeeperRegistry):
     def _raise_mark(self, client: KazooClient, worker_id: int, cached: CacheRecord | None) -> Start:
         """Raise the worker ID's mark to the start mark, at the version we read: a former
         holder's late write in between makes us read the mark again."""
-        assert self.deadline is not None
         path = self.hw_path(worker_id)
         for _ in range(10):
             try:
@@ -109,13 +108,12 @@ class RecycleRegistry(ZooKeeperRegistry):
                 continue
             where = f"ZooKeeper {path}"
             start = self._start(worker_id, timestamp_of(raw), where, cached, "zookeeper")
-            sent, sent_wall = self.monotonic(), self.clock()
             try:
-                stat = client.set(path, self._hw_data(start.mark), version=stat.version)
+                with self.deadline.renewing():
+                    stat = client.set(path, self._hw_data(start.mark), version=stat.version)
             except BadVersionError:
                 continue
             self._version = stat.version
-            self.deadline.renewed(sent, sent_wall)
             return start
         raise WorkerIdUnavailable(f"{self.identity}: {path} keeps changing; not claimed")
 
@@ -135,7 +133,6 @@ class RecycleRegistry(ZooKeeperRegistry):
     def _check_live(self, who: str) -> None:
         """Fenced while the connection is not CONNECTED, was SUSPENDED since the last
         renew, or the session changed; then the lease deadline."""
-        assert self.deadline is not None
         client = self.client
         if client is None:
             raise WorkerIdUnavailable(f"{who}: not connected")
@@ -163,23 +160,22 @@ class RecycleRegistry(ZooKeeperRegistry):
         lease_path, hw_path = self.lease_path(lease.worker_id), self.hw_path(lease.worker_id)
 
         def write() -> ZnodeStat:
-            assert self.deadline is not None
-            sent, sent_wall = self.monotonic(), self.clock()
             tx = client.transaction()
             tx.check(lease_path, version=0)
             tx.set_data(hw_path, self._hw_data(ms), version=self._version)
-            try:
-                lease_ok, hw = self._wait(tx.commit_async())
-            except KAZOO_ERRORS as exc:
-                raise BackendUnavailable(
-                    f"{self.identity}: worker {lease.worker_id}: ZooKeeper write failed: {exc!r}"
-                ) from exc
-            if isinstance(lease_ok, NoNodeError | BadVersionError):
-                self._fence(f"lease node {lease_path} is gone")
-                self.check()
-            if isinstance(hw, Exception):  # BadVersion, or the node gone: not ours
-                raise hw if isinstance(hw, BadVersionError) else BadVersionError(repr(hw))
-            self.deadline.renewed(sent, sent_wall)
+            with self.deadline.renewing():
+                try:
+                    lease_ok, hw = self._wait(tx.commit_async())
+                except KAZOO_ERRORS as exc:
+                    raise BackendUnavailable(
+                        f"{self.identity}: worker {lease.worker_id}: ZooKeeper write failed: "
+                        f"{exc!r}"
+                    ) from exc
+                if isinstance(lease_ok, NoNodeError | BadVersionError):
+                    self._fence(f"lease node {lease_path} is gone")
+                    self.check()
+                if isinstance(hw, Exception):  # BadVersion, or the node gone: not ours
+                    raise hw if isinstance(hw, BadVersionError) else BadVersionError(repr(hw))
             return hw
 
         self._write_versioned(hw_path, write, "the next holder")

@@ -1,11 +1,12 @@
 """The registry's time keeping: the background ticker, and the lease deadline of the
-leasing modes (``zk_recycle``, ``mysql``)."""
+leasing modes (``zk_recycle``, ``mysql``; docs/design.md §8.1)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from leafpool.config import Settings
 from leafpool.errors import ConfigurationError, WorkerIdUnavailable
@@ -19,15 +20,12 @@ FENCE_FRACTION = 2 / 3
 class Ticker:
     """A daemon thread calling ``fn`` every ``interval`` seconds until stopped."""
 
-    def __init__(self, interval: float, fn: Callable[[], None], name: str,
-                 label: str = "") -> None:
+    def __init__(self, interval: float, fn: Callable[[], None], name: str, label: str) -> None:
         self.interval = interval
-        self.label = label or name
+        self.label = label
         self._fn = fn
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def start(self) -> None:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -44,24 +42,28 @@ class Ticker:
 
 
 class LeaseDeadline:
-    """When a leasing holder must stop. It renews every ``snowflake_renew_seconds``,
-    which must stay under 2/3 of the lease; with no renew succeeding for 2/3 of the lease
-    it fences itself (:meth:`check` raises until a renew succeeds). Another process can
-    take the worker ID over only after the whole lease (the ZooKeeper session timeout,
-    or the lease by the database's clock), so the holder has stopped by then.
+    """When a leasing holder must stop: with no renew succeeding for 2/3 of the lease
+    (``lease_s``, the lease the source granted) :meth:`check` raises until one succeeds.
+    A mode without a lease (``leased=False``) never has to stop."""
 
-    ``lease_s`` is the lease the source granted (zk_recycle: the negotiated session
-    timeout, set once connected)."""
-
-    def __init__(self, settings: Settings, monotonic: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        leased: bool,
+        monotonic: Callable[[], float],
+        clock: Callable[[], int],
+    ) -> None:
+        self.leased = leased
         self.lease_s = settings.snowflake_lease_seconds
-        if settings.snowflake_renew_seconds >= self.lease_s * FENCE_FRACTION:
+        if leased and settings.snowflake_renew_seconds >= self.lease_s * FENCE_FRACTION:
             raise ConfigurationError(
-                "LEAFPOOL_SNOWFLAKE_RENEW_SECONDS", settings.snowflake_renew_seconds,
+                "LEAFPOOL_SNOWFLAKE_RENEW_SECONDS",
+                settings.snowflake_renew_seconds,
                 f"must be below 2/3 of LEAFPOOL_SNOWFLAKE_LEASE_SECONDS={self.lease_s} "
                 "(the holder fences itself when no renew succeeded for that long)",
             )
         self.monotonic = monotonic
+        self.clock = clock
         self.last_ok = 0.0  # monotonic: when the last successful renew was sent
         self.last_ok_wall = 0  # the same moment by the wall clock, ms
 
@@ -71,11 +73,16 @@ class LeaseDeadline:
 
     @property
     def until_wall(self) -> int:
-        """Wall-clock ms until which the lease is surely ours (the cache file keeps it)."""
-        return self.last_ok_wall + int(self.fence_after_s * 1000)
+        """Wall-clock ms until which the lease is surely ours (the cache file keeps it;
+        0: no lease)."""
+        return self.last_ok_wall + int(self.fence_after_s * 1000) if self.leased else 0
 
-    def renewed(self, sent: float, sent_wall: int) -> None:
-        """A renew sent at ``sent`` (monotonic) / ``sent_wall`` (ms) succeeded."""
+    @contextlib.contextmanager
+    def renewing(self) -> Iterator[None]:
+        """Around a renew: once it succeeds (no exception), the lease runs from when it
+        was sent."""
+        sent, sent_wall = self.monotonic(), self.clock()
+        yield
         self.last_ok, self.last_ok_wall = sent, sent_wall
 
     def resume(self, lease_until: int, now_wall: int) -> None:
@@ -85,7 +92,7 @@ class LeaseDeadline:
 
     def check(self, who: str) -> None:
         age = self.monotonic() - self.last_ok
-        if age > self.fence_after_s:
+        if self.leased and age > self.fence_after_s:
             raise WorkerIdUnavailable(
                 f"{who}: lease not renewed for {age:.1f}s (limit {self.fence_after_s:.1f}s); "
                 "self-fenced until a renew succeeds"

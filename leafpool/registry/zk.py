@@ -16,7 +16,6 @@ docs/design.md §8.2.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 from typing import Any
@@ -102,16 +101,6 @@ class ZkRegistry(ZooKeeperRegistry):
         data = {"ip": self.host, "port": self.rest, "timestamp": ts, "token": self.token}
         return dump({**data, "pid": os.getpid()} if live else data)
 
-    def _previous_incarnation(self, holder: dict[str, Any], cached: CacheRecord | None) -> bool:
-        """True when a held ``temporary`` node is this identity's previous process, now
-        gone (its token is the cache file's, its pid runs no more): it may be taken over.
-        Any other holder is another live process."""
-        if cached is None or not cached.token or holder.get("token") != cached.token:
-            return False
-        pid = holder.get("pid")
-        writer = cached if not isinstance(pid, int) else dataclasses.replace(cached, pid=pid)
-        return writer.writer_gone()
-
     def _hold_identity(
         self, client: KazooClient, cached: CacheRecord | None
     ) -> tuple[ZnodeStat, int]:
@@ -137,10 +126,11 @@ class ZkRegistry(ZooKeeperRegistry):
             if client.client_id and stat.ephemeralOwner == client.client_id[0]:
                 return self._wait(client.set_async(self.temp_path, marker, stat.version)), sent
             holder = load(raw)
+            pid = holder.get("pid")
             if stat.ephemeralOwner in self._sessions:
                 what = "this process's own node from an earlier session"
-            elif self._previous_incarnation(holder, cached):
-                what = f"this identity's previous process (pid {holder.get('pid', '?')}, gone)"
+            elif cached is not None and cached.left_by_gone_writer(holder.get("token"), pid):
+                what = f"this identity's previous process (pid {pid or '?'}, gone)"
             else:
                 who = describe_holder(holder, stat)
                 raise IdentityHeld(

@@ -112,7 +112,7 @@ class ZooKeeperRegistry(BaseRegistry):
     def op_timeout_s(self) -> float:
         """How long one ZooKeeper operation may take: leasing, half the time left to
         renew before the holder fences itself."""
-        if self.deadline is not None:
+        if self.leased:
             return max(0.5, self.deadline.fence_after_s / 2)
         return min(10.0, self.settings.snowflake_lease_seconds)
 
