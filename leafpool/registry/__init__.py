@@ -1,17 +1,6 @@
-"""Snowflake worker-ID registries (docs/design.md §8), chosen by
-``LEAFPOOL_SNOWFLAKE_MODE``:
-
-=============  ============================================================  ==========
-mode           worker ID                                                     module
-=============  ============================================================  ==========
-``zk``         Leaf's persistent sequential node per identity, reused        ``zk``
-``zk_recycle`` leased from 0..1023, reclaimed after the session expires      ``recycle``
-``mysql``      NotFound9's ``leaf_workerid_alloc`` row, leased, recycled     ``mysql``
-``local``      static map ``LEAFPOOL_SNOWFLAKE_LOCAL_MAP``                   ``local``
-=============  ============================================================  ==========
-
-All modes keep the local cache file (:mod:`.cache`) and refuse a start whose clock is
-behind the recorded timestamp. Usage, one per generator process (after the fork)::
+"""Snowflake worker-ID registries (docs/design.md §8), one module a mode of
+``LEAFPOOL_SNOWFLAKE_MODE`` (:data:`REGISTRIES`). Usage, one per generator process
+(after the fork)::
 
     registry = open_registry(settings, process_identity(node_name, index))
     gen = LeasedGenerator(registry, settings)

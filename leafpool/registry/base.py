@@ -1,20 +1,10 @@
-"""The worker-ID registry contract and what every mode shares (docs/design.md §8.1).
+"""The worker-ID registry contract and what every mode shares (docs/design.md §8.1): the
+caller claims once after the fork, records the high-water mark before pushing IDs that
+reach it, checks before each push and releases on clean shutdown
+(:class:`~leafpool.registry.leased.LeasedGenerator` does it for you).
 
-A registry gives one generator process (an *identity*) a worker ID and keeps, per
-worker ID, the high-water timestamp: the largest ms a generator may have pushed IDs for.
-The caller (:class:`~leafpool.registry.leased.LeasedGenerator` does it for you):
-
-1. :meth:`BaseRegistry.claim` once (after the fork); the generator is built above
-   ``lease.last_timestamp_ms``;
-2. :meth:`~BaseRegistry.record_high_water` with ``ms`` or more before pushing IDs whose
-   timestamps reach ``ms``: it returns once the mark is durable in the source and the
-   cache file, and raises when the lease is lost;
-3. :meth:`~BaseRegistry.check` before each push: it raises :class:`WorkerIdUnavailable`
-   once the holder is fenced;
-4. :meth:`~BaseRegistry.release` on clean shutdown.
-
-A mode supplies ``_acquire`` (take a worker ID, with the clock check of :meth:`_start`
-or a start from the cache file, :meth:`_cached_start`) and ``_write_mark``; ``_renew``,
+A mode supplies ``_acquire`` (take a worker ID, with the clock check of :meth:`_start`,
+or start from the cache file with :meth:`_cached_start`) and ``_write_mark``; ``_renew``,
 ``_give_back``, ``_check_live`` and ``_close`` where it does more. The base does the
 rest: the cache file, the background tick and the fencing.
 """
@@ -248,20 +238,12 @@ class BaseRegistry:
         self, worker_id: int, recorded: int, where: str, cached: CacheRecord | None, source: str
     ) -> Start:
         """The claim's clock check: the recorded mark is the larger of the source's
-        (``recorded``, kept in ``where``) and the cache file's; the clock must not be
-        behind it."""
+        (``recorded``, kept in ``where``) and the cache file's. A clock behind it is
+        refused, unless it passes it within ``start_wait_ms``, which is waited out."""
         if cached is not None and cached.last_timestamp > recorded:
             recorded, where = cached.last_timestamp, f"the cache file {self.cache.path}"
-        now = self._verify_clock(worker_id, recorded, where)
-        return Start(worker_id, recorded, max(now, recorded), source)
-
-    def _verify_clock(self, worker_id: int, recorded: int, where: str) -> int:
-        """Refuse a start whose clock is behind ``recorded`` (beyond ``start_wait_ms``,
-        which is waited out). Returns the clock reading."""
         now = self.clock()
-        if now >= recorded:
-            return now
-        if recorded - now <= self.start_wait_ms:
+        if 0 < recorded - now <= self.start_wait_ms:
             log.warning(
                 "%s: worker %d: clock is %d ms behind the timestamp recorded in %s; "
                 "waiting for it to pass",
@@ -274,16 +256,17 @@ class BaseRegistry:
             while now < recorded and self.monotonic() <= deadline:
                 self.sleep((recorded - now) / 1000)
                 now = self.clock()
-            if now >= recorded:
-                return now
-        exc = ClockMovedBackwards(worker_id, recorded - now)
-        exc.args = (
-            f"worker {worker_id}: clock moved backwards by {recorded - now} ms: the local clock "
-            f"{now} ({iso_utc(now)}) is behind the timestamp {recorded} ({iso_utc(recorded)}) "
-            f"recorded in {where}; refusing to start (fix the clock, or wait until it passes)",
-        )
-        log.error("%s: %s", self.identity, exc)
-        raise exc
+        if now < recorded:
+            exc = ClockMovedBackwards(worker_id, recorded - now)
+            exc.args = (
+                f"worker {worker_id}: clock moved backwards by {recorded - now} ms: the local "
+                f"clock {now} ({iso_utc(now)}) is behind the timestamp {recorded} "
+                f"({iso_utc(recorded)}) recorded in {where}; refusing to start (fix the "
+                "clock, or wait until it passes)",
+            )
+            log.error("%s: %s", self.identity, exc)
+            raise exc
+        return Start(worker_id, recorded, max(now, recorded), source)
 
     def _cached_start(self, reason: str, cause: BaseException, cached: CacheRecord | None) -> Start:
         """The source is unreachable: start from the cache file, with the clock check
@@ -305,7 +288,7 @@ class BaseRegistry:
                 ) from cause
             self.deadline.resume(cached.lease_until, now)
         where = f"the cache file {self.cache.path}"
-        self._verify_clock(cached.worker_id, cached.last_timestamp, where)
+        start = self._start(cached.worker_id, cached.last_timestamp, where, None, "cache")
         self.token = cached.token or self.token
         self.degraded = True
         log.warning(
@@ -315,7 +298,7 @@ class BaseRegistry:
             cached.worker_id,
             cached.last_timestamp,
         )
-        return Start(cached.worker_id, cached.last_timestamp, cached.last_timestamp, "cache")
+        return start
 
     def _fence(self, reason: str) -> None:
         if self.fenced is None:

@@ -14,6 +14,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 from leafpool.config import Settings
 from leafpool.errors import LeafpoolError
@@ -39,9 +40,7 @@ class LeasedGenerator:
         self.window_ms = (
             int(settings.snowflake_report_seconds * 1000) if window_ms is None else window_ms
         )
-        self._clock = clock
-        self._sleep = sleep
-        self._rng = rng
+        self._generator_kwargs: dict[str, Any] = {"clock": clock, "sleep": sleep, "rng": rng}
         self.generator: SnowflakeGenerator | None = None
         self.lease: Lease | None = None
         self._recorded = 0
@@ -53,9 +52,7 @@ class LeasedGenerator:
             lease.worker_id,
             self.settings,
             high_water_ms=lease.last_timestamp_ms,
-            clock=self._clock,
-            sleep=self._sleep,
-            rng=self._rng,
+            **self._generator_kwargs,
         )
         self.lease = lease
         self._recorded = lease.last_timestamp_ms

@@ -1,24 +1,8 @@
-"""Mode ``local``: a static identity -> worker ID map (NotFound9's local mode), for hosts
-whose processes never change.
-
-``LEAFPOOL_SNOWFLAKE_LOCAL_MAP`` (parsed and validated with the settings:
-:func:`leafpool.config.parse_local_map`) is either
-
-- a comma-separated list of ``identity=worker_id`` entries, e.g.
-  ``host-a:node1:0=1,host-b:node1:0=2`` (the identity is ``host:celery-node:index``;
-  it may contain ``:`` and ``-``; the worker ID follows the last ``=``; whitespace
-  around entries is ignored; two identities may not share a worker ID), or
-- a single bare number, e.g. ``7``: every process using this setting takes worker ID 7
-  (for a single generator process per host and name), or
-- empty (the embedded default): each process takes the lowest worker ID that no other
-  process on this host holds, preferring the one its identity had before. Safe on ONE
-  host only: two hosts sharing a Redis must use a map, or ``zk``/``zk_recycle``/``mysql``.
-
-A worker ID is also locked on the host (``flock`` on
-``{snowflake_cache_dir}/{name}/worker-NNNN.lock``) for as long as it is held, so two
-processes on one host can never generate with the same worker ID. The high-water mark
-lives in the cache file; a start is refused when the clock is behind the largest
-timestamp any cache file in the directory recorded for that worker ID.
+"""Mode ``local``: NotFound9's static identity -> worker ID map
+(``LEAFPOOL_SNOWFLAKE_LOCAL_MAP``, parsed with the settings: ``identity=worker_id,...``
+or one worker ID for every process), or with an empty map the lowest worker ID free on
+this host (one host only). A worker ID held is locked on the host; the mark lives in the
+cache files (docs/design.md §8.5).
 """
 
 from __future__ import annotations
@@ -59,11 +43,8 @@ class LocalRegistry(BaseRegistry):
 
     def _lowest_free(self, own: CacheRecord | None) -> int:
         """This identity's previous worker ID if it is free, else the lowest free one."""
-        order = list(range(MAX_WORKER_ID + 1))
-        if own is not None:
-            order.remove(own.worker_id)
-            order.insert(0, own.worker_id)
-        for worker_id in order:
+        previous = own.worker_id if own is not None else -1
+        for worker_id in sorted(range(MAX_WORKER_ID + 1), key=lambda w: (w != previous, w)):
             try:
                 self._lock_worker(worker_id)
             except WorkerIdUnavailable:

@@ -74,9 +74,6 @@ class ZkRegistry(ZooKeeperRegistry):
 
     # -- claim --------------------------------------------------------------------------
 
-    def _unreachable(self, exc: BackendUnavailable, cached: CacheRecord | None) -> Start:
-        return self._cached_start(f"ZooKeeper unreachable ({exc})", exc, cached)
-
     def _claim_with(self, client: KazooClient, cached: CacheRecord | None) -> Start:
         client.ensure_path(self.forever)
         client.ensure_path(self.temporary)

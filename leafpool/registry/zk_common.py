@@ -84,7 +84,8 @@ def timestamp_of(raw: bytes | None) -> int:
 
 class ZooKeeperRegistry(BaseRegistry):
     """A registry whose source is ZooKeeper. The mode supplies ``_claim_with`` (the claim
-    on a connected client) and ``_unreachable`` (what a start without ZooKeeper does)."""
+    on a connected client) and, unless the cache file stands in, ``_unreachable`` (what a
+    start without ZooKeeper does)."""
 
     def __init__(
         self,
@@ -154,7 +155,7 @@ class ZooKeeperRegistry(BaseRegistry):
         raise NotImplementedError
 
     def _unreachable(self, exc: BackendUnavailable, cached: CacheRecord | None) -> Start:
-        raise NotImplementedError
+        return self._cached_start(f"ZooKeeper unreachable ({exc})", exc, cached)
 
     def _write_versioned(self, path: str, write: Callable[[], ZnodeStat], other: str) -> None:
         """``write`` sets the mark node ``path`` at our last version. A BadVersion means
