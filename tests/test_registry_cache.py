@@ -85,6 +85,17 @@ def test_whether_the_writer_still_runs() -> None:
     assert not CacheRecord(1, 1, "a", "m", pid=1).writer_gone()  # init runs (maybe not ours)
 
 
+def test_a_holding_is_left_by_a_gone_writer_only_under_its_token() -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    record = CacheRecord(1, 1, "a", "m", token="t", pid=int(gone.stdout))
+    assert record.left_by_gone_writer("t")  # our previous process: may be taken over
+    assert record.left_by_gone_writer("t", "?")  # a holder's pid that is no pid: the record's
+    assert not record.left_by_gone_writer("other")  # another process's holding
+    assert not record.left_by_gone_writer("t", os.getpid())  # the holder says: a live pid
+    assert not CacheRecord(1, 1, "a", "m", pid=int(gone.stdout)).left_by_gone_writer("")
+
+
 def test_read_all_skips_corrupt_files(tmp_path: Path,
                                       caplog: pytest.LogCaptureFixture) -> None:
     CacheFile(tmp_path / "b.json").write(RECORD)

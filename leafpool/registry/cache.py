@@ -33,13 +33,11 @@ class CacheRecord:
         this host: the cache directory is local): its lease may be taken over."""
         if self.pid <= 0:
             return True
-        if self.pid == os.getpid():
-            return False
         try:
-            os.kill(self.pid, 0)
+            os.kill(self.pid, 0)  # signal 0 only asks whether it runs (we do)
         except ProcessLookupError:
             return True
-        except PermissionError:
+        except PermissionError:  # it runs, as another user
             return False
         return False
 
@@ -67,16 +65,10 @@ class CacheFile:
             raise WorkerIdUnavailable(f"cache file {self.path}: cannot read: {exc}") from exc
         try:
             data = json.loads(text)
-            return CacheRecord(
-                worker_id=int(data["worker_id"]),
-                last_timestamp=int(data["last_timestamp"]),
-                identity=str(data.get("identity", "")),
-                mode=str(data.get("mode", "")),
-                token=str(data.get("token", "")),
-                lease_until=int(data.get("lease_until", 0)),
-                updated_at=int(data.get("updated_at", 0)),
-                pid=int(data.get("pid", 0)),
-            )
+            record = CacheRecord(int(data["worker_id"]), int(data["last_timestamp"]), "", "")
+            # the other fields the file has, each read as the type of its default
+            fields = {k: type(v)(data[k]) for k, v in asdict(record).items() if k in data}
+            return replace(record, **fields)
         except (ValueError, KeyError, TypeError) as exc:
             raise WorkerIdUnavailable(
                 f"cache file {self.path} is corrupt ({exc}); check the clock against the "

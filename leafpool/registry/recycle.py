@@ -32,12 +32,6 @@ from leafpool.snowflake import MAX_WORKER_ID
 
 log = logging.getLogger(__name__)
 
-RELEASE_ERRORS: tuple[type[BaseException], ...] = (
-    WorkerIdUnavailable,
-    BackendUnavailable,
-    *KAZOO_ERRORS,
-)
-
 
 class RecycleRegistry(ZooKeeperRegistry):
     mode = "zk_recycle"
@@ -193,7 +187,7 @@ class RecycleRegistry(ZooKeeperRegistry):
             if self._renew(lease, final_ms):  # only while connected
                 assert self.client is not None
                 self._wait(self.client.delete_async(self.lease_path(lease.worker_id)))
-        except RELEASE_ERRORS as exc:
+        except (WorkerIdUnavailable, BackendUnavailable, *KAZOO_ERRORS) as exc:
             log.warning("%s: release of worker %d failed: %r", self.identity, lease.worker_id, exc)
 
     def _close(self) -> None:

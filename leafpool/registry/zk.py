@@ -41,8 +41,6 @@ from leafpool.snowflake import MAX_WORKER_ID
 
 log = logging.getLogger(__name__)
 
-RECONNECT_ERRORS: tuple[type[BaseException], ...] = (WorkerIdUnavailable, *KAZOO_ERRORS)
-
 
 class IdentityHeld(WorkerIdUnavailable):
     """The identity's ``temporary`` node is held by another live process."""
@@ -75,8 +73,6 @@ class ZkRegistry(ZooKeeperRegistry):
     # -- claim --------------------------------------------------------------------------
 
     def _claim_with(self, client: KazooClient, cached: CacheRecord | None) -> Start:
-        client.ensure_path(self.forever)
-        client.ensure_path(self.temporary)
         own_stat, sent = self._hold_identity(client, cached)
         self._check_peers(client, own_stat, sent)
         worker_id, path = self._find_forever(client) or self._create_forever(client)
@@ -113,7 +109,7 @@ class ZkRegistry(ZooKeeperRegistry):
             except NoNodeError:
                 try:
                     created = client.create_async(
-                        self.temp_path, marker, ephemeral=True, include_data=True
+                        self.temp_path, marker, ephemeral=True, makepath=True, include_data=True
                     )
                     _, stat = self._wait(created)
                 except NodeExistsError:
@@ -174,6 +170,7 @@ class ZkRegistry(ZooKeeperRegistry):
         log.info("%s: clock within %+.0f ms of %d live peers", self.identity, mean, len(skews))
 
     def _find_forever(self, client: KazooClient) -> tuple[int, str] | None:
+        client.ensure_path(self.forever)
         mine = []
         for child in client.get_children(self.forever):
             name, sep, seq = child.rpartition("-")
@@ -272,7 +269,7 @@ class ZkRegistry(ZooKeeperRegistry):
         except IdentityHeld as exc:
             self._fence(f"identity held by {exc.holder}")
             return False  # nothing more is written
-        except RECONNECT_ERRORS as exc:  # the next tick tries again
+        except (WorkerIdUnavailable, *KAZOO_ERRORS) as exc:  # the next tick tries again
             log.warning("%s: report to %s failed: %r", self.identity, self.temp_path, exc)
         if self._write_forever(client, ms):
             self.pending_sync = False
@@ -283,8 +280,6 @@ class ZkRegistry(ZooKeeperRegistry):
         process holds the identity (else fence) and that ZooKeeper agrees on the worker
         ID; the tick then syncs the high-water mark."""
         try:
-            client.ensure_path(self.forever)
-            client.ensure_path(self.temporary)
             self._hold_identity(client, self.read_cache())
             found = self._find_forever(client)
             if found is None or found[0] != lease.worker_id:
@@ -305,7 +300,7 @@ class ZkRegistry(ZooKeeperRegistry):
                 return
         except IdentityHeld as exc:
             self._fence(f"identity held by {exc.holder}")
-        except RECONNECT_ERRORS as exc:
+        except (WorkerIdUnavailable, *KAZOO_ERRORS) as exc:
             log.warning("%s: reconnecting to ZooKeeper failed: %s", self.identity, exc)
         close(client)
 

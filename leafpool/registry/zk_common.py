@@ -26,7 +26,7 @@ from leafpool.registry.cache import CacheRecord
 log = logging.getLogger(__name__)
 
 #: every error kazoo raises (ZooKeeper errors, connection loss, session expiry, timeouts)
-KAZOO_ERRORS: tuple[type[BaseException], ...] = (KazooException, KazooTimeoutError)
+KAZOO_ERRORS = (KazooException, KazooTimeoutError)
 
 
 class SessionInfo:
