@@ -7,7 +7,7 @@ Layout::
     /snowflake/{name}/recycle/lease/0007   ephemeral: the lease, held by the holder's
         session; data {"identity", "ip", "port", "token", "timestamp"}
     /snowflake/{name}/recycle/hw/0007      persistent: the worker ID's high-water mark
-        {"timestamp", "identity", "token"}; it outlives every holder
+        (the "timestamp"; the same data), written by every holder; it outlives them
 
 Why a former holder's write can never land after the next holder read the mark, and why
 the holder stops before anyone else can get its worker ID: docs/design.md §8.3.
@@ -71,15 +71,12 @@ class RecycleRegistry(ZooKeeperRegistry):
         previous = cached.worker_id if cached is not None else -1
         free = sorted(set(range(MAX_WORKER_ID + 1)) - taken, key=lambda w: (w != previous, w))
         for worker_id in free:
-            data = {
-                "identity": self.identity,
-                "ip": self.host,
-                "port": self.rest,
-                "token": self.token,
-                "timestamp": self.clock(),
-            }
             try:
-                client.create(self.lease_path(worker_id), dump(data), ephemeral=True)
+                client.create(
+                    self.lease_path(worker_id),
+                    self._data(self.clock(), identity=self.identity),
+                    ephemeral=True,
+                )
             except NodeExistsError:
                 continue
             self._session_id = client.client_id[0] if client.client_id else None
@@ -104,15 +101,14 @@ class RecycleRegistry(ZooKeeperRegistry):
             start = self._start(worker_id, timestamp_of(raw), where, cached, "zookeeper")
             try:
                 with self.deadline.renewing():
-                    stat = client.set(path, self._hw_data(start.mark), version=stat.version)
+                    stat = client.set(
+                        path, self._data(start.mark, identity=self.identity), version=stat.version
+                    )
             except BadVersionError:
                 continue
             self._version = stat.version
             return start
         raise WorkerIdUnavailable(f"{self.identity}: {path} keeps changing; not claimed")
-
-    def _hw_data(self, ts: int) -> bytes:
-        return dump({"timestamp": ts, "identity": self.identity, "token": self.token})
 
     # -- fencing ------------------------------------------------------------------------
 
@@ -156,7 +152,7 @@ class RecycleRegistry(ZooKeeperRegistry):
         def write() -> ZnodeStat:
             tx = client.transaction()
             tx.check(lease_path, version=0)
-            tx.set_data(hw_path, self._hw_data(ms), version=self._version)
+            tx.set_data(hw_path, self._data(ms, identity=self.identity), version=self._version)
             with self.deadline.renewing():
                 try:
                     lease_ok, hw = self._wait(tx.commit_async())

@@ -33,7 +33,6 @@ from leafpool.registry.zk_common import (
     SessionInfo,
     ZooKeeperRegistry,
     close,
-    dump,
     load,
     timestamp_of,
 )
@@ -89,11 +88,6 @@ class ZkRegistry(ZooKeeperRegistry):
         self._version, self.node_path = stat.version, path
         return start
 
-    def _data(self, ts: int, live: bool = False) -> bytes:
-        """Leaf's Endpoint plus our token; on the ``temporary`` node (``live``) our pid."""
-        data = {"ip": self.host, "port": self.rest, "timestamp": ts, "token": self.token}
-        return dump({**data, "pid": os.getpid()} if live else data)
-
     def _hold_identity(
         self, client: KazooClient, cached: CacheRecord | None
     ) -> tuple[ZnodeStat, int]:
@@ -103,7 +97,7 @@ class ZkRegistry(ZooKeeperRegistry):
         :class:`IdentityHeld`. Returns the node's stat and our clock when we wrote it."""
         for _ in range(3):
             sent = self.clock()
-            marker = self._data(sent, live=True)
+            marker = self._data(sent, pid=os.getpid())
             try:
                 raw, stat = self._wait(client.get_async(self.temp_path))
             except NoNodeError:

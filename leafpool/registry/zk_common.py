@@ -51,14 +51,12 @@ class SessionInfo:
         conn._connect = _connect  # type: ignore[union-attr]
 
 
-def close(client: KazooClient | None, what: str = "leafpool") -> None:
-    if client is None:
-        return
-    try:
-        client.stop()
-        client.close()
-    except KAZOO_ERRORS as exc:  # pragma: no cover - closing a broken client
-        log.debug("%s: closing the ZooKeeper client: %r", what, exc)
+def close(client: KazooClient | None) -> None:
+    """Stop and close a kazoo client (what a broken one raises meanwhile is moot)."""
+    if client is not None:
+        with contextlib.suppress(*KAZOO_ERRORS):
+            client.stop()
+            client.close()
 
 
 def dump(data: dict[str, Any]) -> bytes:
@@ -133,13 +131,20 @@ class ZooKeeperRegistry(BaseRegistry):
             # kazoo's stop waits for a connect attempt in flight (up to the session
             # timeout): let it finish in the background, the caller has waited enough
             threading.Thread(
-                target=close, args=(client, self.identity), name="leafpool-zk-close", daemon=True
+                target=close, args=(client,), name="leafpool-zk-close", daemon=True
             ).start()
             raise BackendUnavailable(
                 f"{self.identity}: ZooKeeper {self.hosts} unreachable: {exc!r}"
             ) from exc
         log.debug("%s: connected to ZooKeeper %s", self.identity, self.hosts)
         return client, info
+
+    def _data(self, ts: int, **extra: object) -> bytes:
+        """Node data: Leaf's Endpoint (``ip``, ``port``, ``timestamp``), our token and
+        what the node adds."""
+        return dump(
+            {"ip": self.host, "port": self.rest, "timestamp": ts, "token": self.token, **extra}
+        )
 
     def _acquire(self, cached: CacheRecord | None) -> Start:
         try:
