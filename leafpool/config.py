@@ -91,7 +91,9 @@ class Settings(BaseSettings):
 
     # pool sizing (docs/design.md §3); rate x seconds must stay a sane integer
     pool_seconds: float = Field(30.0, gt=0, le=DAY)
-    pool_floor: int = Field(2_000, ge=1)
+    # the floor is what an idle tag holds (docs/design.md §3.2): 200 IDs of a segment or
+    # snowflake tag are about 2 KB of Redis, 10,000 idle tags about 40 MB with their state
+    pool_floor: int = Field(200, ge=1)
     pool_ceiling: int = Field(1_000_000, ge=1, le=100_000_000)
     low_water_ratio: float = Field(0.5, gt=0, lt=1)
     chunk_size: int = Field(1_000, ge=1, le=100_000)
@@ -112,6 +114,17 @@ class Settings(BaseSettings):
     tag_sync_seconds: float = Field(60.0, gt=0, le=DAY)
     sweep_seconds: float = Field(1.0, gt=0, le=HOUR)
     visibility_timeout: int = Field(300, ge=1, le=int(7 * DAY))
+
+    # the drop watcher and burst sizing (docs/design.md §3.7, §3.2): the beat's process
+    # watches every tag's list (client-side-caching invalidations) and queues a refill
+    # when a pop takes it below its low-water mark; the sweep then only backs it up,
+    # every LEAFPOOL_WATCH_SWEEP_SECONDS (LEAFPOOL_SWEEP_SECONDS without the watcher)
+    watch: bool = True
+    watch_interval_ms: int = Field(10, ge=1, le=1_000)
+    watch_sweep_seconds: float = Field(30.0, gt=0, le=HOUR)
+    # size pools by the larger of the smoothed rate and the consumption since the last
+    # refill (and the watcher's recent rate); false: the smoothed rate alone
+    burst_sizing: bool = True
 
     # client policy on an empty pool (a request waits this long at most)
     empty_policy: Literal["raise", "wait", "reserve"] = "wait"

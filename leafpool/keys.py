@@ -71,3 +71,13 @@ class Keys:
     def beat_lock(self) -> str:
         """Lock held by the one active beat scheduler."""
         return f"{self.prefix}:beat:lock"
+
+    # -- from a key back to its tag (the drop watcher's invalidations) ------------------
+
+    def tag_of(self, key: str) -> str | None:
+        """The tag whose key ``key`` is (``prefix:{TAG}:name``), or None."""
+        head = f"{self.prefix}:{{"
+        if not key.startswith(head):
+            return None
+        end = key.find("}:", len(head))
+        return key[len(head):end] if end > len(head) else None

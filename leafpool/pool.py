@@ -20,10 +20,14 @@ from leafpool.errors import BackendUnavailable, ReplicasBehind, StaleWrite
 from leafpool.keys import Keys, TagKeys
 from leafpool.lock import RefillLock
 from leafpool.pool_common import SNAPSHOT_REPLIES as SNAPSHOT_REPLIES
+from leafpool.pool_common import Level as Level
 from leafpool.pool_common import Range as Range
 from leafpool.pool_common import Snapshot as Snapshot
 from leafpool.pool_common import (
     ids_from,
+    level_commands,
+    level_from,
+    queue_level,
     queue_snapshot,
     queue_want,
     register_scripts,
@@ -34,6 +38,19 @@ from leafpool.pool_common import (
 from leafpool.redis_conn import redis_errors, wrap
 
 log = logging.getLogger(__name__)
+
+#: tags per pipeline of level reads (the sweep, the drop watcher's full pass)
+LEVEL_CHUNK = 1000
+
+
+def _on(conn: Any, commands: Sequence[tuple[str, ...]], what: str) -> list[Any]:
+    """Send ``commands`` on one raw connection (pipelined) and read their replies."""
+    try:
+        conn.send_packed_command(conn.pack_commands(commands))
+        return [conn.read_response() for _ in commands]
+    except redis.RedisError as exc:
+        raise wrap(exc, what) from exc
+
 
 
 class Pool:
@@ -336,6 +353,53 @@ class Pool:
                 self.record(tag, counts={"unacked_ids": len(ids)})
             raise ReplicasBehind(tag, len(ids), acked, self.acks)
         return ids
+
+    # -- levels: the sweep and the drop watcher (docs/design.md §3.7) ----------------------
+
+    def levels(self, tags: Sequence[str], with_lock: bool = False) -> list[Level]:
+        """Each tag's :class:`Level` (list length and four state fields), pipelined in
+        chunks of :data:`LEVEL_CHUNK` tags: what the sweep reads instead of snapshots."""
+        out: list[Level] = []
+        with redis_errors("levels"):
+            for lo in range(0, len(tags), LEVEL_CHUNK):
+                chunk = tags[lo:lo + LEVEL_CHUNK]
+                pipe = self.redis.pipeline(transaction=False)
+                n = 0
+                for tag in chunk:
+                    n = queue_level(pipe, self.tag(tag), with_lock)
+                raw = pipe.execute()
+                out += [level_from(tag, raw[n * i:n * i + n]) for i, tag in enumerate(chunk)]
+        return out
+
+    def locks_held(self, tags: Sequence[str]) -> list[bool]:
+        """Whether each tag's refill lock is held (a refill is running), in one round trip."""
+        with redis_errors("locks"):
+            pipe = self.redis.pipeline(transaction=False)
+            for tag in tags:
+                pipe.exists(self.tag(tag).lock)
+            return [bool(x) for x in pipe.execute()]
+
+    def tracked_levels(self, conn: Any, tags: Sequence[str]) -> list[Level]:
+        """:meth:`levels` with the lock, read on ``conn``: a connection of the drop watcher
+        with client tracking on, so the next write to any key read here (a pop, a push,
+        the lock taken or released) sends the watcher one invalidation."""
+        out: list[Level] = []
+        for lo in range(0, len(tags), LEVEL_CHUNK):
+            chunk = tags[lo:lo + LEVEL_CHUNK]
+            commands = [c for tag in chunk for c in level_commands(self.tag(tag), True)]
+            raw = _on(conn, commands, "tracked levels")
+            out += [level_from(tag, raw[3 * i:3 * i + 3]) for i, tag in enumerate(chunk)]
+        return out
+
+    def tracked_tags(self, conn: Any) -> list[str]:
+        """The pool's tags, read on the watcher's tracked connection (a tag added or
+        removed sends an invalidation of the set)."""
+        return sorted(text(t) for t in _on(conn, [("SMEMBERS", self.keys.tags)], "tags")[0])
+
+    def tracked_wanted(self, conn: Any) -> int:
+        """How many tags a client found empty, read on the tracked connection (the next
+        ``SADD`` of a client sends an invalidation)."""
+        return int(_on(conn, [("SCARD", self.keys.wanted)], "wanted")[0])
 
     def reserve_head(self, tag: str) -> Range | None:
         with redis_errors(f"{tag}: reserve head"):

@@ -139,3 +139,63 @@ def register_scripts(client: Any) -> dict[str, Any]:
 def take_result(head: Range, count: int, code: int) -> list[int] | int:
     """The IDs a take_reserve call gave (code 1), or its refusal code."""
     return list(range(head.start, head.start + count)) if code == 1 else code
+
+
+# -- levels: what the sweep and the drop watcher read of a tag (docs/design.md §3.7) -------
+
+#: state fields a level reads (HMGET): whether the tag is registered, its low-water mark,
+#: whether its last refill left the reserve short, and what was pushed (consumption)
+LEVEL_FIELDS = ("mode", "low_water", "reserve_due", "pushed_total")
+
+
+@dataclass(frozen=True)
+class Level:
+    """A tag's fill level: the few fields that say whether it is due a refill."""
+
+    tag: str
+    length: int
+    mode: str | None
+    low_water: int  # -1: never refilled
+    reserve_due: bool
+    pushed_total: int
+    locked: bool = False
+
+    @property
+    def known(self) -> bool:
+        return self.mode is not None
+
+    @property
+    def consumed(self) -> int:
+        """IDs taken by clients so far (``pushed_total - LLEN``)."""
+        return self.pushed_total - self.length
+
+    def due(self) -> bool:
+        """Below its low-water mark, never refilled, or (segment) its reserve short."""
+        if self.length < self.low_water or self.low_water < 0:
+            return True
+        return self.reserve_due and self.mode == "segment"
+
+
+def queue_level(pipe: Any, k: TagKeys, with_lock: bool = False) -> int:
+    """Queue the reads of one :class:`Level`; returns how many replies they give."""
+    pipe.llen(k.ids)
+    pipe.hmget(k.state, LEVEL_FIELDS)
+    if with_lock:
+        pipe.exists(k.lock)
+    return 3 if with_lock else 2
+
+
+def level_commands(k: TagKeys, with_lock: bool = False) -> list[tuple[str, ...]]:
+    """The same reads as :func:`queue_level`, as raw commands (for a tracked connection)."""
+    out = [("LLEN", k.ids), ("HMGET", k.state, *LEVEL_FIELDS)]
+    if with_lock:
+        out.append(("EXISTS", k.lock))
+    return out
+
+
+def level_from(tag: str, replies: Sequence[Any]) -> Level:
+    length, fields = replies[0], replies[1]
+    mode, low_water, reserve_due, pushed = (None if v is None else text(v) for v in fields)
+    return Level(tag, int(length), mode, int(low_water) if low_water else -1,
+                 reserve_due == "1", int(pushed) if pushed else 0,
+                 bool(replies[2]) if len(replies) > 2 else False)

@@ -27,7 +27,13 @@ from leafpool.config import Settings
 from leafpool.errors import BackendUnavailable, CounterBehind, LeafpoolError, StaleWrite
 from leafpool.lock import RefillLock
 from leafpool.pool import Pool, Range, Snapshot
-from leafpool.step import pool_target, smooth_rate
+from leafpool.step import (
+    HINT_FRESH_SECONDS,
+    instant_rate,
+    pool_target,
+    sizing_rate,
+    smooth_rate,
+)
 from leafpool.store import SegmentStore, StepRule
 from leafpool.tags import register
 
@@ -123,7 +129,10 @@ class Refiller(ABC):
         level = logging.ERROR if isinstance(exc, CounterBehind) else logging.WARNING
         log.log(level, "%s: refill failed: %s", tag, exc)
         with contextlib.suppress(BackendUnavailable):  # Redis down: the exception says so
+            # reserve_due: a failed refill may have left the reserve short; the sweep
+            # queues the tag again (the next refill that tops it up clears the flag)
             self.pool.record(tag, counts={"refill_failures": 1}, last_error=str(exc),
+                             reserve_due=1,
                              last_error_ms=self._now_ms(), last_refill_ms=self._now_ms(),
                              last_refill_result=f"failed: {type(exc).__name__}")
 
@@ -133,15 +142,24 @@ class Refiller(ABC):
         now = self._wall()
         consumed_total = snap.int("pushed_total") - snap.length
         rate = snap.float("rate")
+        instant = 0.0
         if "rate_ts_ms" in snap.state:
             elapsed = now - snap.int("rate_ts_ms") / 1000
-            rate = smooth_rate(rate, consumed_total - snap.int("rate_consumed"), elapsed,
-                               s.rate_smoothing)
-        target = pool_target(rate, pool_seconds, s.pool_floor, s.pool_ceiling)
+            consumed = consumed_total - snap.int("rate_consumed")
+            rate = smooth_rate(rate, consumed, elapsed, s.rate_smoothing)
+            instant = instant_rate(consumed, elapsed)
+        sized = rate
+        if s.burst_sizing:
+            hint = snap.float("drop_rate")
+            if now - snap.int("drop_rate_ms") / 1000 > HINT_FRESH_SECONDS:
+                hint = 0.0
+            sized = sizing_rate(rate, instant, hint)
+        target = pool_target(sized, pool_seconds, s.pool_floor, s.pool_ceiling)
         low_water = math.ceil(target * s.low_water_ratio)
         self.pool.record(snap.tag, rate=f"{rate:.3f}", rate_ts_ms=int(now * 1000),
-                         rate_consumed=consumed_total, target=target, low_water=low_water)
-        return Measure(rate, consumed_total, target, low_water)
+                         rate_consumed=consumed_total, target=target, low_water=low_water,
+                         sizing_rate=f"{sized:.3f}")
+        return Measure(sized, consumed_total, target, low_water)
 
     @abstractmethod
     def _ensure_known(self, tag: str) -> Snapshot: ...
@@ -224,7 +242,10 @@ class SegmentRefiller(Refiller):
                and alloc.count < MAX_ALLOCATIONS_PER_REFILL):
             reserve.append(alloc.allocate())
             lock.keep()
-
+        # the sweep and the watcher read this flag, not the reserve (§3.7): a reserve
+        # left short (the allocation cap) is due another refill at once
+        self.pool.record(tag, reserve_due=int(sum(r.size for r in reserve)
+                                              < reserve_target // 2))
         return result
 
     def _segment_lifetime(self, snap: Snapshot, consumed_total: int) -> float | None:

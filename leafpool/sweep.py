@@ -1,14 +1,69 @@
-"""The sweep (every second): which tags need a refill now: below their low-water mark,
-never filled, or found empty by a client. A short-lived ``queued`` marker per tag keeps
-the sweep from queueing the same refill twice."""
+"""The sweep: which tags need a refill now: below their low-water mark, never filled,
+with a short reserve, or found empty by a client. A short-lived ``queued`` marker per tag
+keeps the same refill from being queued twice (docs/design.md §3.7).
+
+:func:`sweep` reads each tag's :class:`~leafpool.pool.Level` (``LLEN`` of the list and
+four state fields, two commands a tag) and the lock only of the tags found due: the
+reserve's shortness is recorded by the refill that left it short (``reserve_due``),
+so the reserve itself is not read. :func:`snapshot_sweep` is the sweep before that (a
+full snapshot of every tag: the reserve ranges, the whole state hash, the lock), kept as
+the benchmark's baseline. With ``tags``, :func:`sweep` looks only at those (the drop
+watcher's dirty tags: the incremental sweep).
+"""
 
 from __future__ import annotations
 
-from leafpool.pool import Pool
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from leafpool.pool import Level, Pool
 
 
-def sweep(pool: Pool, queued_seconds: int) -> list[tuple[str, str, bool]]:
-    """Tags to refill now, as ``(tag, mode, force)``; each is marked queued."""
+@dataclass(frozen=True)
+class Due:
+    """A tag due a refill: its mode, and ``force`` (fill to the target, not only when
+    below low-water: a client found it empty)."""
+
+    tag: str
+    mode: str
+    force: bool
+
+
+def due_tags(levels: Sequence[Level], wanted: set[str]) -> list[Due]:
+    """The tags of ``levels`` that are due a refill (not counting their locks)."""
+    out = []
+    for lv in levels:
+        if lv.known and (lv.due() or lv.tag in wanted):
+            out.append(Due(lv.tag, lv.mode or "segment", lv.tag in wanted))
+    return out
+
+
+def queue_due(pool: Pool, due: Sequence[Due], locked: Sequence[bool],
+              queued_seconds: int) -> list[Due]:
+    """The due tags whose refill is not running (``locked``) and not already queued,
+    each marked queued now."""
+    free = [d for d, held in zip(due, locked, strict=True) if not held]
+    if not free:
+        return []
+    marked = [pool.mark_queued(d.tag, queued_seconds) for d in free]
+    return [d for d, ok in zip(free, marked, strict=True) if ok]
+
+
+def sweep(pool: Pool, queued_seconds: int,
+          tags: Sequence[str] | None = None) -> list[tuple[str, str, bool]]:
+    """Tags to refill now, as ``(tag, mode, force)``; each is marked queued. ``tags``:
+    look only at these (and the wanted ones), not every tag of the pool."""
+    wanted = set(pool.take_wanted())
+    names = pool.tags() if tags is None else sorted(set(tags) | wanted)
+    due = due_tags(pool.levels(names), wanted)
+    locked = pool.locks_held([d.tag for d in due]) if due else []
+    return [(d.tag, d.mode, d.force) for d in queue_due(pool, due, locked, queued_seconds)]
+
+
+def snapshot_sweep(pool: Pool, queued_seconds: int) -> list[tuple[str, str, bool]]:
+    """The sweep before levels (a full snapshot of every tag): the baseline the
+    benchmark compares :func:`sweep` with. Same decisions, except that it computes the
+    reserve's shortness from the ranges rather than reading ``reserve_due``."""
     wanted = set(pool.take_wanted())
     out: list[tuple[str, str, bool]] = []
     for snap in pool.snapshots(pool.tags()):

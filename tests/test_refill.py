@@ -244,3 +244,44 @@ def test_a_refill_of_a_tag_dropped_meanwhile_leaves_no_key_behind(
         store.remove_tag("order")
         refiller.refill("order")
     assert r.keys("leafpool:{order}:*") == []
+
+
+# -- burst sizing and the reserve flag (docs/design.md §3.2, §3.7) ---------------------------
+
+@pytest.mark.parametrize("burst_sizing,target", [(True, 50_000), (False, 15_700)])
+def test_a_50x_jump_is_sized_by_the_consumption_since_the_last_refill(
+    pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings],
+    clock: FakeWallClock, r: redis.Redis, burst_sizing: bool, target: int,
+) -> None:
+    """100 IDs/s for a while, then 5,000 IDs/s: with burst sizing the first refill after
+    the jump sizes the pool for 5,000 IDs/s (10 pool seconds); the smoothed rate alone
+    (the sizing before, LEAFPOOL_BURST_SIZING=false) for 1,570."""
+    settings = make_settings(pool_floor=1000, pool_ceiling=1_000_000, chunk_size=10_000,
+                             pool_seconds=10, reserve_seconds=10, burst_sizing=burst_sizing)
+    refiller = SegmentRefiller(pool, store, settings, wall=clock)
+    store.add_tag("order", step=1000)
+    refiller.refill("order")
+    for _ in range(5):  # 100 IDs/s, refilled every 10 s
+        r.lpop("leafpool:{order}:ids", 1000)
+        clock.advance(10)
+        refiller.refill("order", force=True)
+    assert refiller.pool.snapshot("order").int("target") == 1000
+    r.lpop("leafpool:{order}:ids", 1000)  # the whole list in 0.2 s: 5,000 IDs/s
+    clock.advance(0.2)
+    result = refiller.refill("order", force=True)
+    assert result.target == target and result.length == target
+
+
+def test_the_refill_records_whether_it_left_the_reserve_short(
+    pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings],
+    clock: FakeWallClock,
+) -> None:
+    settings = make_settings(pool_floor=1000, pool_ceiling=1000, reserve_seconds=1)
+    store.add_tag("order", step=1000)
+    SegmentRefiller(pool, store, settings, wall=clock).refill("order")
+    assert pool.snapshot("order").state["reserve_due"] == "0"  # topped up
+    dead = SegmentStore.from_url("mysql+pymysql://u:p@127.0.0.1:1/none")
+    pool.redis.delete("leafpool:{order}:reserve", "leafpool:{order}:ids")
+    with pytest.raises(BackendUnavailable):
+        SegmentRefiller(pool, dead, settings, wall=clock).refill("order")
+    assert pool.snapshot("order").state["reserve_due"] == "1"  # the sweep queues it again

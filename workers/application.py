@@ -18,6 +18,11 @@ SYNC_ENTRY = "leafpool-sync-tags"
 
 settings = get_settings()
 
+#: the beat runs the drop watcher (docs/design.md §3.7); the sweep is then its backstop,
+#: at the longer LEAFPOOL_WATCH_SWEEP_SECONDS (a Cluster has no watcher: every second)
+watching = settings.watch and settings.redis_topology != "cluster"
+sweep_seconds = settings.watch_sweep_seconds if watching else settings.sweep_seconds
+
 app = Celery("leafpool", broker=settings.broker_url, include=["workers.tasks"])
 app.conf.update(
     task_queues=[Queue(SEGMENT_QUEUE), Queue(SNOWFLAKE_QUEUE), Queue(CONTROL_QUEUE)],
@@ -51,8 +56,8 @@ app.conf.update(
     beat_schedule={
         SWEEP_ENTRY: {
             "task": "leafpool.sweep",
-            "schedule": timedelta(seconds=settings.sweep_seconds),
-            "options": {"expires": max(settings.sweep_seconds * 5, 5)},
+            "schedule": timedelta(seconds=sweep_seconds),
+            "options": {"expires": max(sweep_seconds * 5, 5)},
         },
         SYNC_ENTRY: {
             "task": "leafpool.sync_tags",

@@ -7,6 +7,10 @@ tag sync is idempotent); the lock keeps the queues free of doubled control tasks
 The beat that takes the lock sends a tag sync and a sweep at once, before the schedule's
 first interval: tags already in the database fill within seconds of the start, not one
 ``LEAFPOOL_TAG_SYNC_SECONDS`` later.
+
+While it holds the lock it also runs the drop watcher (:mod:`leafpool.watch`, unless
+``LEAFPOOL_WATCH=false`` or on a Redis Cluster) in a thread: a pop that takes a tag below
+its low-water mark queues the refill task at once, and the sweep only backs it up.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from redis.exceptions import LockError
 from leafpool.keys import Keys
 from leafpool.pool import Pool
 from leafpool.redis_conn import connect
-from workers.application import SWEEP_ENTRY, SYNC_ENTRY, settings
+from leafpool.sweep import Due
+from leafpool.watch import DropWatcher, supported
+from workers.application import SWEEP_ENTRY, SYNC_ENTRY, settings, watching
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +37,16 @@ STANDBY_POLL_SECONDS = 2.0
 #: sent once when this beat takes the lock: the sync registers (and refills) the
 #: database's tags, the sweep refills the tags Redis already knows
 START_ENTRIES = (SYNC_ENTRY, SWEEP_ENTRY)
+REFILL_TASKS = {"segment": "leafpool.refill_segment", "snowflake": "leafpool.refill_snowflake"}
 
 
 class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._redis = connect(settings)
-        self._lock = Pool(self._redis, settings.key_prefix).beat_lock(LOCK_TTL_SECONDS)
+        self._pool = Pool(self._redis, settings.key_prefix)
+        self._lock = self._pool.beat_lock(LOCK_TTL_SECONDS)
+        self._watcher: DropWatcher | None = None
         self._active = False
         self._just_acquired = False
         self._identity = f"{socket.gethostname()}"
@@ -50,6 +59,7 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
                     return True
                 except LockError:
                     self._active = False
+                    self._stop_watching()
                     log.error("beat on %s: lost the beat lock; standing by", self._identity)
             if self._lock.acquire(blocking=False):
                 self._active = True
@@ -65,6 +75,31 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
                   self._identity, Keys(settings.key_prefix).beat_lock)
         return False
 
+    # -- the drop watcher (docs/design.md §3.7): runs while this beat holds the lock -------
+
+    def _start_watching(self) -> None:
+        if not watching or (self._watcher is not None and self._watcher.running):
+            return
+        if not supported(self._pool):
+            log.warning("beat on %s: Redis Cluster: no drop watcher, the sweep runs every "
+                        "%s s", self._identity, settings.sweep_seconds)
+            return
+        self._watcher = DropWatcher(
+            self._pool, self._queue_refill, interval_s=settings.watch_interval_ms / 1000,
+            queued_seconds=max(5, settings.lock_ttl_ms // 1000)).start()
+        log.info("beat on %s: drop watcher started", self._identity)
+
+    def _stop_watching(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+
+    def _queue_refill(self, due: Due) -> None:
+        """The watcher's callback: the refill is a Celery task like the sweep's."""
+        task = REFILL_TASKS.get(due.mode)
+        if task is not None:
+            self.app.send_task(task, args=[due.tag, due.force])
+
     def _send_start_entries(self) -> None:
         self._just_acquired = False
         for name in START_ENTRIES:
@@ -79,6 +114,7 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
         try:
             if self._just_acquired:
                 self._send_start_entries()
+            self._start_watching()  # again if its thread ended
             interval = float(super().tick(*args, **kwargs))
         except Exception as exc:  # e.g. no master while Sentinel fails over: keep beating
             log.error("beat on %s: schedules not sent (%s); trying again", self._identity, exc)
@@ -86,6 +122,7 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
         return min(interval, LOCK_TTL_SECONDS / 3)
 
     def close(self) -> None:
+        self._stop_watching()
         if self._active:
             with contextlib.suppress(LockError):
                 self._lock.release()
