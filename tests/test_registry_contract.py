@@ -126,14 +126,15 @@ def test_tick_reports_the_clock_to_the_source_and_the_cache_file(backend: Backen
 def test_the_background_thread_ticks_until_release(backend: Backend) -> None:
     reg = backend.open("host-a:w:0", wall_clock_ms, background=True, **backend.fast_tick)
     worker_id = reg.claim().worker_id
-    ticker = reg._ticker
-    assert ticker is not None and ticker._thread.is_alive()
+    assert reg._ticker is not None
+    thread = reg._ticker[0]
+    assert thread.is_alive() and thread.daemon
     first = backend.mark(reg, worker_id)
     # bounded polling: the thread writes every fraction of a second; nothing tells us
     services.wait_until(lambda: backend.mark(reg, worker_id) > first, 10, "a tick")
     reg.check()
     reg.release()  # stops the ticker; under load its thread may need a moment to end
-    services.wait_until(lambda: not ticker._thread.is_alive(), 30, "the ticker thread ended")
+    services.wait_until(lambda: not thread.is_alive(), 30, "the ticker thread ended")
 
 
 # -- restart -----------------------------------------------------------------------------

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 
+import pymysql
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from leafpool.errors import ClockMovedBackwards, WorkerIdUnavailable
 from leafpool.registry import LeasedGenerator
-from leafpool.registry.mysql import DDL
+from leafpool.registry.mysql import DDL, _deadlock
 from leafpool.snowflake import decode, wall_clock_ms
 from tests import registries
 from tests.clocks import FakeMsClock
@@ -41,6 +43,16 @@ def test_shipped_ddl_is_the_one_the_registry_creates() -> None:
                    "`max_timestamp` bigint(20) DEFAULT NULL",
                    "UNIQUE KEY `idx_ipport` (`ip_port`)"):
         assert column in DDL  # NotFound9's columns, unchanged
+
+
+def test_a_lock_wait_timeout_or_deadlock_is_retried_other_errors_are_not() -> None:
+    def error(kind: type[Exception], code: int) -> Exception:
+        return kind("UPDATE ...", {}, pymysql.err.OperationalError(code, "..."))
+
+    assert _deadlock(error(OperationalError, 1213)) and _deadlock(error(OperationalError, 1205))
+    assert not _deadlock(error(OperationalError, 2003))  # unreachable: the cache stands in
+    assert not _deadlock(error(IntegrityError, 1213))
+    assert not _deadlock(OperationalError("SELECT 1", {}, Exception()))  # no code
 
 
 def test_claim_creates_the_table_and_a_row_per_identity(my: MySqlBackend) -> None:

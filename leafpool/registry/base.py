@@ -30,7 +30,7 @@ from leafpool.errors import (
 )
 from leafpool.registry.cache import CacheFile, CacheRecord
 from leafpool.registry.identity import safe_identity, split_identity, validate_name
-from leafpool.registry.timing import LeaseDeadline, Ticker
+from leafpool.registry.timing import LeaseDeadline
 from leafpool.snowflake import iso_utc, validate_worker_id, wall_clock_ms
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class BaseRegistry:
         #: started from the cache file: the source did not answer
         self.degraded = False
         self._io = threading.RLock()
-        self._ticker: Ticker | None = None
+        self._ticker: tuple[threading.Thread, threading.Event] | None = None
 
     # -- the contract -------------------------------------------------------------------
 
@@ -136,8 +136,12 @@ class BaseRegistry:
             interval = self.settings.snowflake_report_seconds
             if self.leased:
                 interval = self.settings.snowflake_renew_seconds
+            stop = threading.Event()
             name = f"leafpool-{self.mode}-{lease.worker_id}"
-            self._ticker = Ticker(interval, self.tick, name, self.identity)
+            thread = threading.Thread(target=self._ticks, args=(interval, stop), name=name)
+            self._ticker = thread, stop
+            thread.daemon = True
+            thread.start()
         return lease
 
     def record_high_water(self, ms: int) -> None:
@@ -306,9 +310,20 @@ class BaseRegistry:
             wid = self.lease.worker_id if self.lease else -1
             log.error("%s: worker %d fenced, generation must stop: %s", self.identity, wid, reason)
 
+    def _ticks(self, interval: float, stop: threading.Event) -> None:
+        """The background thread: :meth:`tick` every ``interval`` seconds until stopped."""
+        while not stop.wait(interval):
+            try:
+                self.tick()
+            except Exception:
+                log.exception("%s: background tick failed", self.identity)
+
     def _stop_ticker(self) -> None:
         if self._ticker is not None:
-            self._ticker.stop()
+            thread, stop = self._ticker
+            stop.set()
+            if thread is not threading.current_thread():
+                thread.join(5.0)
             self._ticker = None
 
     def read_cache(self) -> CacheRecord | None:

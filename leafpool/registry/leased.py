@@ -1,10 +1,7 @@
 """A snowflake generator bound to a worker-ID lease: the caller's side of the registry
-contract (:mod:`leafpool.registry.base`) in one object.
-
-:meth:`LeasedGenerator.next_batch` checks the lease, generates, and before returning
-makes sure the high-water mark recorded in the registry covers every timestamp in the
-batch (recording ``window_ms`` ahead, so the registry is written about once per window,
-not once per batch). IDs it returns may be pushed: a restarted or reclaimed worker ID
+contract (:mod:`leafpool.registry.base`) in one object. The IDs
+:meth:`LeasedGenerator.next_batch` returns may be pushed: the recorded mark covers them
+(written ``window_ms`` ahead, about once a window), so a restarted or reclaimed worker ID
 starts above them.
 """
 
@@ -79,29 +76,22 @@ class LeasedGenerator:
             return f"held ({lease.mode}, from {lease.source})"
         return f"unavailable: {error}" if error is not None else "none"
 
-    def _gen(self) -> SnowflakeGenerator:
+    def next_batch(self, n: int) -> list[int]:
+        """``n`` IDs, the recorded mark covering their timestamps (a window ahead)."""
         if self.generator is None:
             self.start()
         assert self.generator is not None
-        return self.generator
-
-    def next_batch(self, n: int) -> list[int]:
-        gen = self._gen()
         self.registry.check()
-        ids = gen.next_batch(n)
-        self._cover(gen)
+        ids = self.generator.next_batch(n)
+        last = self.generator.last_timestamp_ms
+        if last is not None and last > self._recorded:
+            self.registry.record_high_water(last + self.window_ms)
+            self._recorded = last + self.window_ms
+        self.registry.check()
         return ids
 
     def next_id(self) -> int:
         return self.next_batch(1)[0]
-
-    def _cover(self, gen: SnowflakeGenerator) -> None:
-        last = gen.last_timestamp_ms
-        if last is not None and last > self._recorded:
-            target = last + self.window_ms
-            self.registry.record_high_water(target)
-            self._recorded = target
-        self.registry.check()
 
     def close(self) -> None:
         """Release the worker ID (clean shutdown)."""

@@ -41,7 +41,6 @@ from leafpool.snowflake import MAX_WORKER_ID
 log = logging.getLogger(__name__)
 
 CLAIM_ATTEMPTS = 5
-MYSQL_DEADLOCK = {1205, 1213}  # lock wait timeout, deadlock: retry the claim
 
 #: NotFound9's DDL (columns, types and index unchanged), without its DROP TABLE.
 DDL = ddl_statement("mysql", "leaf_workerid_alloc")
@@ -243,7 +242,6 @@ class MySqlRegistry(BaseRegistry):
 
 
 def _deadlock(exc: DBAPIError) -> bool:
-    if not isinstance(exc, OperationalError):
-        return False
-    args: tuple[Any, ...] = tuple(getattr(exc.orig, "args", ()))
-    return bool(args) and args[0] in MYSQL_DEADLOCK
+    """A lock wait timeout (MySQL error 1205) or a deadlock (1213): the claim is retried."""
+    args: tuple[Any, ...] = getattr(exc.orig, "args", ())
+    return isinstance(exc, OperationalError) and bool(args) and args[0] in (1205, 1213)

@@ -2,15 +2,11 @@
 their holder's session ends (NotFound9's mode of the same name, for hosts and ports that
 come and go).
 
-Layout::
-
-    /snowflake/{name}/recycle/lease/0007   ephemeral: the lease, held by the holder's
-        session; data {"identity", "ip", "port", "token", "timestamp"}
-    /snowflake/{name}/recycle/hw/0007      persistent: the worker ID's high-water mark
-        (the "timestamp"; the same data), written by every holder; it outlives them
-
-Why a former holder's write can never land after the next holder read the mark, and why
-the holder stops before anyone else can get its worker ID: docs/design.md §8.3.
+The lease is the ephemeral ``/snowflake/{name}/recycle/lease/0007``, held by the
+holder's session; the mark the persistent ``recycle/hw/0007`` (its ``timestamp``), which
+outlives every holder. Why a former holder's write never lands after the next holder
+read the mark, and why the holder stops before anyone else can get its worker ID:
+docs/design.md §8.3.
 """
 
 from __future__ import annotations

@@ -1,44 +1,16 @@
-"""The registry's time keeping: the background ticker, and the lease deadline of the
-leasing modes (``zk_recycle``, ``mysql``; docs/design.md §8.1)."""
+"""The lease deadline of the leasing modes (``zk_recycle``, ``mysql``; docs/design.md
+§8.1)."""
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import threading
 from collections.abc import Callable, Iterator
 
 from leafpool.config import Settings
 from leafpool.errors import ConfigurationError, WorkerIdUnavailable
 
-log = logging.getLogger(__name__)
-
 #: without a successful renew for this fraction of the lease, the holder stops
 FENCE_FRACTION = 2 / 3
-
-
-class Ticker:
-    """A daemon thread calling ``fn`` every ``interval`` seconds until stopped."""
-
-    def __init__(self, interval: float, fn: Callable[[], None], name: str, label: str) -> None:
-        self.interval = interval
-        self.label = label
-        self._fn = fn
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self._fn()
-            except Exception:
-                log.exception("%s: background tick failed", self.label)
 
 
 class LeaseDeadline:

@@ -42,18 +42,17 @@ log = logging.getLogger(__name__)
 
 
 class IdentityHeld(WorkerIdUnavailable):
-    """The identity's ``temporary`` node is held by another live process."""
+    """The identity's ``temporary`` node ``path`` is held by another live process;
+    ``holder`` names its process (when the node says) and session."""
 
-    def __init__(self, message: str, holder: str) -> None:
-        super().__init__(message)
-        self.holder = holder
-
-
-def describe_holder(data: dict[str, Any], stat: ZnodeStat) -> str:
-    """Who holds a ``temporary`` node: its process (when it says) and session."""
-    pid = data.get("pid")
-    who = f"pid {pid} on {data.get('ip', '?')}, " if pid else ""
-    return f"{who}ZooKeeper session 0x{stat.ephemeralOwner:x}"
+    def __init__(self, identity: str, path: str, data: dict[str, Any], stat: ZnodeStat) -> None:
+        pid = data.get("pid")
+        who = f"pid {pid} on {data.get('ip', '?')}, " if pid else ""
+        self.holder = f"{who}ZooKeeper session 0x{stat.ephemeralOwner:x}"
+        super().__init__(
+            f"{identity}: identity in use: {path} is held by {self.holder}; two processes "
+            "must not share an identity (it waits until that session ends)"
+        )
 
 
 class ZkRegistry(ZooKeeperRegistry):
@@ -119,13 +118,7 @@ class ZkRegistry(ZooKeeperRegistry):
             elif cached is not None and cached.left_by_gone_writer(holder.get("token"), pid):
                 what = f"this identity's previous process (pid {pid or '?'}, gone)"
             else:
-                who = describe_holder(holder, stat)
-                raise IdentityHeld(
-                    f"{self.identity}: identity in use: {self.temp_path} is held by {who}; "
-                    "two processes must not share an identity (it waits until that "
-                    "session ends)",
-                    who,
-                )
+                raise IdentityHeld(self.identity, self.temp_path, holder, stat)
             log.warning(
                 "%s: taking over %s from %s (session 0x%x)",
                 self.identity,

@@ -167,26 +167,21 @@ class ZooKeeperRegistry(BaseRegistry):
         someone wrote it since, unless that was our own earlier write which timed out
         here yet landed (the node holds our token): then its version is adopted and the
         write retried. Anyone else's write fences this holder: it was ``other``."""
+        assert self.client is not None
         for _ in range(2):
             try:
                 self._version = write().version
                 return
             except BadVersionError:
-                if not self._adopt_own_write(path):
-                    self._fence(f"{path} was written by {other}")
-                    self.check()
+                raw, stat = None, None
+                with contextlib.suppress(*KAZOO_ERRORS):
+                    raw, stat = self._wait(self.client.get_async(path))
+                if stat is not None and load(raw).get("token") == self.token:
+                    self._version = stat.version  # our own write landed: adopt its version
+                    continue
+                self._fence(f"{path} was written by {other}")
+                self.check()  # raises
         raise WorkerIdUnavailable(f"{self.identity}: {path}: write failed")
-
-    def _adopt_own_write(self, path: str) -> bool:
-        assert self.client is not None
-        try:
-            raw, stat = self._wait(self.client.get_async(path))
-        except KAZOO_ERRORS:
-            return False
-        if load(raw).get("token") != self.token:
-            return False
-        self._version = stat.version
-        return True
 
     def _close(self) -> None:
         close(self.client)
