@@ -24,6 +24,7 @@ import redis
 import redis.asyncio as aioredis
 
 from leafpool import scripts
+from leafpool.coalesce import Coalescer
 from leafpool.config import Settings, get_settings
 from leafpool.errors import InvalidArgument, PoolEmpty, ReplicasBehind, UnknownTag
 from leafpool.pool import Pool
@@ -244,6 +245,43 @@ class AsyncClient(_Base):
 
     async def aclose(self) -> None:
         await self.redis.aclose()
+
+    # -- coalesced single-ID pops (leafpool/coalesce.py, docs/design.md §1.1) -------------
+
+    _coalescer: Coalescer | None = None
+
+    def coalesce(self, max_batch: int) -> None:
+        """Let :meth:`next_id_coalesced` share one ``LPOP tag n`` among up to
+        ``max_batch`` concurrent callers of one tag."""
+        self._coalescer = Coalescer(self.pool.pop_many, max_batch)
+
+    async def next_id_coalesced(self, tag: str) -> int:
+        """:meth:`next_id`, its pop shared with the concurrent callers of ``tag``: the ID
+        comes from a pop issued after this call, so the order across clients is the
+        same as with one pop per call. A short pop, an unknown tag, replica
+        acknowledgement: as :meth:`next_id` (each caller applies the policy itself).
+        Without :meth:`coalesce` this is :meth:`next_id`."""
+        coalescer = self._coalescer
+        if coalescer is None:
+            return await self.next_id(tag)
+        tag = tag if tag in self._valid else self._check(tag)
+        if self._replicas == 0:
+            return await self._coalesced(coalescer, tag)
+        await self.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_seconds
+        while True:  # the batch's IDs were dropped unacknowledged: pop again, as next_id
+            try:
+                return await self._coalesced(coalescer, tag)
+            except ReplicasBehind:
+                if loop.time() >= deadline:
+                    raise
+
+    async def _coalesced(self, coalescer: Coalescer, tag: str) -> int:
+        value = await coalescer.take(tag)
+        if value is not None:
+            return value
+        return (await self._on_empty(tag, 1, []))[0]
 
     async def _on_empty(self, tag: str, n: int, got: list[int]) -> list[int]:
         if not await self.pool.is_known(tag):

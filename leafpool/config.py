@@ -155,6 +155,9 @@ class Settings(BaseSettings):
     http_port: int = Field(8080, ge=1, le=65535)
     http_max_count: int = Field(1_000, ge=1)
     http_tokens: str = ""
+    # concurrent single-ID requests of one tag share one LPOP tag n, n at most this
+    # (leafpool/coalesce.py, docs/design.md §1.1); 0: one LPOP per request
+    http_coalesce_max: int = Field(1_024, ge=0, le=10_000)
 
     @field_validator("key_prefix")
     @classmethod

@@ -91,7 +91,14 @@ BAD_VALUES = [
     ("LEAFPOOL_DATABASE_URL", "mysql://leaf:pw@db/leaf", "not installed"),
     ("LEAFPOOL_STEP_GROW_SECONDS", "3600", "must not exceed LEAFPOOL_STEP_SHRINK_SECONDS"),
     ("LEAFPOOL_HTTP_TOKENS", "tok=bad tag", "allowed characters"),
+    ("LEAFPOOL_HTTP_COALESCE_MAX", "-1", "greater than or equal to 0"),
+    ("LEAFPOOL_HTTP_COALESCE_MAX", "10001", "less than or equal to 10000"),
+    ("LEAFPOOL_HTTP_COALESCE_MAX", "many", "integer"),
     ("LEAFPOOL_SNOWFLAKE_NAME", "../etc", "A-Z a-z 0-9"),
+    ("LEAFPOOL_REFILL_BATCH_SIZE", "0", "greater than or equal to 1"),
+    ("LEAFPOOL_REFILL_BATCH_SIZE", "10001", "less than or equal to 10000"),
+    ("LEAFPOOL_REFILL_BATCH_THREADS", "0", "greater than or equal to 1"),
+    ("LEAFPOOL_REFILL_BATCH_THREADS", "lots", "integer"),
 ]
 
 

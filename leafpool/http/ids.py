@@ -83,8 +83,8 @@ class IdEndpoints:
         if mode != want_mode:
             raise HttpError(404, "wrong_mode",
                             f"{tag}: a {mode} tag; ask /api/{mode}/get/{tag}", tag=tag, mode=mode)
-        if count == 1:
-            return [await self.svc.client.next_id(tag)]
+        if count == 1:  # shared with concurrent requests of the tag (docs/design.md §1.1)
+            return [await self.svc.client.next_id_coalesced(tag)]
         return await self.svc.client.next_ids(tag, count)
 
     def handler(self, mode: str, as_json: bool) -> Handler:

@@ -39,6 +39,8 @@ class Service:
         if self._client is None:
             self._client = AsyncClient(settings=self.settings, policy="wait",
                                        wait_seconds=self.settings.empty_wait_seconds)
+            if self.settings.http_coalesce_max:  # docs/design.md §1.1
+                self._client.coalesce(self.settings.http_coalesce_max)
         return self._client
 
     @property
