@@ -120,8 +120,12 @@ class Refiller(ABC):
             except LeafpoolError as exc:
                 self._record_failure(tag, exc)
                 raise
-            self.pool.record(tag, counts={"refills": 1}, last_refill_ms=self._now_ms(),
-                             last_refill_result=f"ok +{result.pushed}")
+            self.pool.record(
+                tag,
+                counts={"refills": 1},
+                last_refill_ms=self._now_ms(),
+                last_refill_result=f"ok +{result.pushed}",
+            )
         log.info("%s: refill %s", tag, result.summary())
         return result
 
@@ -131,10 +135,15 @@ class Refiller(ABC):
         with contextlib.suppress(BackendUnavailable):  # Redis down: the exception says so
             # reserve_due: a failed refill may have left the reserve short; the sweep
             # queues the tag again (the next refill that tops it up clears the flag)
-            self.pool.record(tag, counts={"refill_failures": 1}, last_error=str(exc),
-                             reserve_due=1,
-                             last_error_ms=self._now_ms(), last_refill_ms=self._now_ms(),
-                             last_refill_result=f"failed: {type(exc).__name__}")
+            self.pool.record(
+                tag,
+                counts={"refill_failures": 1},
+                last_error=str(exc),
+                reserve_due=1,
+                last_error_ms=self._now_ms(),
+                last_refill_ms=self._now_ms(),
+                last_refill_result=f"failed: {type(exc).__name__}",
+            )
 
     def _measure(self, snap: Snapshot, pool_seconds: float) -> Measure:
         """Smooth the consumption rate and record it with the targets."""
@@ -156,17 +165,22 @@ class Refiller(ABC):
             sized = sizing_rate(rate, instant, hint)
         target = pool_target(sized, pool_seconds, s.pool_floor, s.pool_ceiling)
         low_water = math.ceil(target * s.low_water_ratio)
-        self.pool.record(snap.tag, rate=f"{rate:.3f}", rate_ts_ms=int(now * 1000),
-                         rate_consumed=consumed_total, target=target, low_water=low_water,
-                         sizing_rate=f"{sized:.3f}")
+        self.pool.record(
+            snap.tag,
+            rate=f"{rate:.3f}",
+            rate_ts_ms=int(now * 1000),
+            rate_consumed=consumed_total,
+            target=target,
+            low_water=low_water,
+            sizing_rate=f"{sized:.3f}",
+        )
         return Measure(sized, consumed_total, target, low_water)
 
     @abstractmethod
     def _ensure_known(self, tag: str) -> Snapshot: ...
 
     @abstractmethod
-    def _refill_locked(self, snap: Snapshot, lock: RefillLock, force: bool) -> RefillResult:
-        ...
+    def _refill_locked(self, snap: Snapshot, lock: RefillLock, force: bool) -> RefillResult: ...
 
 
 class SegmentRefiller(Refiller):
@@ -198,15 +212,14 @@ class SegmentRefiller(Refiller):
         tag = snap.tag
         m = self._measure(snap, s.pool_seconds)
         target, low_water = m.target, m.low_water
-        reserve_target = pool_target(m.rate, s.reserve_seconds, s.pool_floor,
-                                     100 * s.pool_ceiling)
+        reserve_target = pool_target(m.rate, s.reserve_seconds, s.pool_floor, 100 * s.pool_ceiling)
         self.pool.record(tag, reserve_target=reserve_target)
 
-        result = RefillResult(tag, length=snap.length, target=target,
-                              step=snap.int("step"))
+        result = RefillResult(tag, length=snap.length, target=target, step=snap.int("step"))
         reserve = list(snap.reserve)
-        alloc = _Allocator(self, tag, lock, snap, result,
-                           self._segment_lifetime(snap, m.consumed_total))
+        alloc = _Allocator(
+            self, tag, lock, snap, result, self._segment_lifetime(snap, m.consumed_total)
+        )
 
         # 3: fill the list from the reserve, in chunks
         if snap.length < low_water or (force and snap.length < target):
@@ -234,18 +247,20 @@ class SegmentRefiller(Refiller):
                     reserve.pop(0)
                 lock.keep()
             if rereads:
-                log.info("%s: reserve head moved by clients %d times during the refill",
-                         tag, rereads)
+                log.info(
+                    "%s: reserve head moved by clients %d times during the refill", tag, rereads
+                )
 
         # 4: top up the reserve
-        while (sum(r.size for r in reserve) < reserve_target
-               and alloc.count < MAX_ALLOCATIONS_PER_REFILL):
+        while (
+            sum(r.size for r in reserve) < reserve_target
+            and alloc.count < MAX_ALLOCATIONS_PER_REFILL
+        ):
             reserve.append(alloc.allocate())
             lock.keep()
         # the sweep and the watcher read this flag, not the reserve (§3.7): a reserve
         # left short (the allocation cap) is due another refill at once
-        self.pool.record(tag, reserve_due=int(sum(r.size for r in reserve)
-                                              < reserve_target // 2))
+        self.pool.record(tag, reserve_due=int(sum(r.size for r in reserve) < reserve_target // 2))
         return result
 
     def _segment_lifetime(self, snap: Snapshot, consumed_total: int) -> float | None:
@@ -267,8 +282,12 @@ class SegmentRefiller(Refiller):
             pending = snap.state.get("segment_lasted_s")
             return float(pending) if pending else None
         lasted = max(0.0, (now_ms - mark_ms) / 1000) * step / since
-        self.pool.record(snap.tag, seg_mark_consumed=consumed_total, seg_mark_ms=now_ms,
-                         segment_lasted_s=f"{lasted:.3f}")
+        self.pool.record(
+            snap.tag,
+            seg_mark_consumed=consumed_total,
+            seg_mark_ms=now_ms,
+            segment_lasted_s=f"{lasted:.3f}",
+        )
         return lasted
 
 
@@ -277,8 +296,15 @@ class _Allocator:
     allocation applies the last consumed segment's lifetime, later ones keep that step
     (back-to-back allocations say nothing about how long a segment lasts)."""
 
-    def __init__(self, refiller: SegmentRefiller, tag: str, lock: RefillLock,
-                 snap: Snapshot, result: RefillResult, lasted: float | None) -> None:
+    def __init__(
+        self,
+        refiller: SegmentRefiller,
+        tag: str,
+        lock: RefillLock,
+        snap: Snapshot,
+        result: RefillResult,
+        lasted: float | None,
+    ) -> None:
         self.r = refiller
         self.tag = tag
         self.lock = lock
@@ -290,9 +316,13 @@ class _Allocator:
 
     def _rule(self) -> StepRule:
         s = self.r.settings
-        return StepRule(current=self.step, lasted_seconds=self.lasted,
-                        grow_below=s.step_grow_seconds, shrink_above=s.step_shrink_seconds,
-                        cap=s.max_step)
+        return StepRule(
+            current=self.step,
+            lasted_seconds=self.lasted,
+            grow_below=s.step_grow_seconds,
+            shrink_above=s.step_shrink_seconds,
+            cap=s.max_step,
+        )
 
     def allocate(self) -> Range:
         seg = self.r.store.allocate(self.tag, self._rule(), self.floor)
@@ -300,8 +330,14 @@ class _Allocator:
         rng = Range(seg.start, seg.end)
         # A refused append (lost lock) leaves a gap in the database counter: never a repeat.
         self.r.pool.append_reserve(
-            self.tag, self.lock.token, rng, step=seg.step, table_step=seg.table_step,
-            max_id=seg.end, segment_ms=now_ms, last_alloc_ms=f"{seg.took_ms:.2f}",
+            self.tag,
+            self.lock.token,
+            rng,
+            step=seg.step,
+            table_step=seg.table_step,
+            max_id=seg.end,
+            segment_ms=now_ms,
+            last_alloc_ms=f"{seg.took_ms:.2f}",
         )
         self.r.pool.count(self.tag, "allocations")
         if self.lasted is not None:  # this measurement is used up
@@ -312,8 +348,14 @@ class _Allocator:
         self.count += 1
         self.result.step = seg.step
         self.result.segments.append(rng.encode())
-        log.info("%s: segment [%d, %d) step %d from the database in %.1f ms",
-                 self.tag, seg.start, seg.end, seg.step, seg.took_ms)
+        log.info(
+            "%s: segment [%d, %d) step %d from the database in %.1f ms",
+            self.tag,
+            seg.start,
+            seg.end,
+            seg.step,
+            seg.took_ms,
+        )
         return rng
 
 

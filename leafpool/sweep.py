@@ -38,8 +38,9 @@ def due_tags(levels: Sequence[Level], wanted: set[str]) -> list[Due]:
     return out
 
 
-def queue_due(pool: Pool, due: Sequence[Due], locked: Sequence[bool],
-              queued_seconds: int) -> list[Due]:
+def queue_due(
+    pool: Pool, due: Sequence[Due], locked: Sequence[bool], queued_seconds: int
+) -> list[Due]:
     """The due tags whose refill is not running (``locked``) and not already queued,
     each marked queued now."""
     free = [d for d, held in zip(due, locked, strict=True) if not held]
@@ -49,8 +50,9 @@ def queue_due(pool: Pool, due: Sequence[Due], locked: Sequence[bool],
     return [d for d, ok in zip(free, marked, strict=True) if ok]
 
 
-def sweep(pool: Pool, queued_seconds: int,
-          tags: Sequence[str] | None = None) -> list[tuple[str, str, bool]]:
+def sweep(
+    pool: Pool, queued_seconds: int, tags: Sequence[str] | None = None
+) -> list[tuple[str, str, bool]]:
     """Tags to refill now, as ``(tag, mode, force)``; each is marked queued. ``tags``:
     look only at these (and the wanted ones), not every tag of the pool."""
     wanted = set(pool.take_wanted())

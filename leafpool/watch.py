@@ -97,8 +97,7 @@ class DropWatcher:
 
     def start(self) -> DropWatcher:
         self._stop.clear()
-        self._thread = threading.Thread(target=self.run, name="leafpool-drop-watcher",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self.run, name="leafpool-drop-watcher", daemon=True)
         self._thread.start()
         return self
 
@@ -264,15 +263,15 @@ class DropWatcher:
         if not due:
             return
         locked = {lv.tag: lv.locked for lv in levels}
-        for d in queue_due(self.pool, due, [locked[d.tag] for d in due],
-                           self.queued_seconds):
+        for d in queue_due(self.pool, due, [locked[d.tag] for d in due], self.queued_seconds):
             self._queue(d, rates.get(d.tag, 0.0))
 
     def _queue(self, due: Due, rate: float) -> None:
         try:
             if rate > 0:  # the refill sizes the pool by it (docs/design.md §3.2)
-                self.pool.record(due.tag, drop_rate=f"{rate:.3f}",
-                                 drop_rate_ms=int(self._wall() * 1000))
+                self.pool.record(
+                    due.tag, drop_rate=f"{rate:.3f}", drop_rate_ms=int(self._wall() * 1000)
+                )
             self.on_due(due)
             self.stats.queued += 1
         except Exception as exc:  # the broker is down: let the next read try again

@@ -29,10 +29,12 @@ def clock() -> FakeWallClock:
 
 
 @pytest.fixture
-def refiller(pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings],
-             clock: FakeWallClock) -> SegmentRefiller:
-    settings = make_settings(pool_floor=2000, pool_ceiling=50_000, chunk_size=300,
-                             pool_seconds=10, reserve_seconds=10)
+def refiller(
+    pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings], clock: FakeWallClock
+) -> SegmentRefiller:
+    settings = make_settings(
+        pool_floor=2000, pool_ceiling=50_000, chunk_size=300, pool_seconds=10, reserve_seconds=10
+    )
     return SegmentRefiller(pool, store, settings, wall=clock)
 
 
@@ -99,8 +101,14 @@ def test_a_new_tags_first_refill_takes_every_segment_at_the_table_step(
 def test_step_follows_how_long_each_consumed_segment_lasted(
     pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings], clock: FakeWallClock
 ) -> None:
-    settings = make_settings(pool_floor=10, pool_ceiling=10, chunk_size=10, reserve_seconds=1,
-                             step_grow_seconds=60, step_shrink_seconds=120)
+    settings = make_settings(
+        pool_floor=10,
+        pool_ceiling=10,
+        chunk_size=10,
+        reserve_seconds=1,
+        step_grow_seconds=60,
+        step_shrink_seconds=120,
+    )
     refiller = SegmentRefiller(pool, store, settings, wall=clock)
     store.add_tag("order", step=10)
     assert _sizes(refiller.refill("order").segments) == [10, 10]
@@ -146,11 +154,13 @@ def test_exhausted_tag_serves_what_it_has_then_fails_loudly(
 
 
 def test_database_down_keeps_serving_from_the_reserve(
-    pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings],
-    clock: FakeWallClock, r: redis.Redis,
+    pool: Pool,
+    store: SegmentStore,
+    make_settings: Callable[..., Settings],
+    clock: FakeWallClock,
+    r: redis.Redis,
 ) -> None:
-    settings = make_settings(pool_floor=1000, pool_ceiling=1000, chunk_size=500,
-                             reserve_seconds=1)
+    settings = make_settings(pool_floor=1000, pool_ceiling=1000, chunk_size=500, reserve_seconds=1)
     good = SegmentRefiller(pool, store, settings, wall=clock)
     store.add_tag("order", step=1000)
     good.refill("order")  # list 1000, reserve >= 1000
@@ -175,7 +185,9 @@ def test_database_down_keeps_serving_from_the_reserve(
 
 
 def test_a_client_taking_from_the_reserve_does_not_break_the_refill(
-    refiller: SegmentRefiller, store: SegmentStore, r: redis.Redis,
+    refiller: SegmentRefiller,
+    store: SegmentStore,
+    r: redis.Redis,
     make_settings: Callable[..., Settings],
 ) -> None:
     """Policy "reserve": a client's take moves the reserve head under a running refill;
@@ -248,16 +260,28 @@ def test_a_refill_of_a_tag_dropped_meanwhile_leaves_no_key_behind(
 
 # -- burst sizing and the reserve flag (docs/design.md §3.2, §3.7) ---------------------------
 
+
 @pytest.mark.parametrize("burst_sizing,target", [(True, 50_000), (False, 15_700)])
 def test_a_50x_jump_is_sized_by_the_consumption_since_the_last_refill(
-    pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings],
-    clock: FakeWallClock, r: redis.Redis, burst_sizing: bool, target: int,
+    pool: Pool,
+    store: SegmentStore,
+    make_settings: Callable[..., Settings],
+    clock: FakeWallClock,
+    r: redis.Redis,
+    burst_sizing: bool,
+    target: int,
 ) -> None:
     """100 IDs/s for a while, then 5,000 IDs/s: with burst sizing the first refill after
     the jump sizes the pool for 5,000 IDs/s (10 pool seconds); the smoothed rate alone
     (the sizing before, LEAFPOOL_BURST_SIZING=false) for 1,570."""
-    settings = make_settings(pool_floor=1000, pool_ceiling=1_000_000, chunk_size=10_000,
-                             pool_seconds=10, reserve_seconds=10, burst_sizing=burst_sizing)
+    settings = make_settings(
+        pool_floor=1000,
+        pool_ceiling=1_000_000,
+        chunk_size=10_000,
+        pool_seconds=10,
+        reserve_seconds=10,
+        burst_sizing=burst_sizing,
+    )
     refiller = SegmentRefiller(pool, store, settings, wall=clock)
     store.add_tag("order", step=1000)
     refiller.refill("order")
@@ -273,7 +297,9 @@ def test_a_50x_jump_is_sized_by_the_consumption_since_the_last_refill(
 
 
 def test_the_refill_records_whether_it_left_the_reserve_short(
-    pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings],
+    pool: Pool,
+    store: SegmentStore,
+    make_settings: Callable[..., Settings],
     clock: FakeWallClock,
 ) -> None:
     settings = make_settings(pool_floor=1000, pool_ceiling=1000, reserve_seconds=1)

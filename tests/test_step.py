@@ -11,8 +11,9 @@ def test_first_allocation_uses_the_table_step() -> None:
     assert next_step(0, 1000, None, **RULE) == 1000
 
 
-@pytest.mark.parametrize("lasted,expected", [(1.0, 2000), (899.9, 2000), (900.0, 1000),
-                                             (1799.0, 1000), (1800.0, 500)])
+@pytest.mark.parametrize(
+    "lasted,expected", [(1.0, 2000), (899.9, 2000), (900.0, 1000), (1799.0, 1000), (1800.0, 500)]
+)
 def test_step_doubles_keeps_or_halves_by_how_long_the_segment_lasted(
     lasted: float, expected: int
 ) -> None:
@@ -46,6 +47,7 @@ def test_rate_is_smoothed() -> None:
 
 
 # -- burst sizing (docs/design.md §3.2) ------------------------------------------------------
+
 
 def test_sizing_takes_the_largest_of_smoothed_instant_and_watched_rates() -> None:
     from leafpool.step import instant_rate, sizing_rate

@@ -234,3 +234,27 @@ def test_snowflake_pools_fill_from_worker_ids_leased_in_zookeeper(
     assert workers <= {int(n.rsplit("-", 1)[1]) for n in nodes}
     state = r.hgetall("leafpool:{orderno}:state")
     assert state[b"mode"] == b"snowflake" and state[b"lease_state"].startswith(b"held (zk")
+
+
+def test_a_pop_below_low_water_is_refilled_by_the_beats_watcher_without_a_sweep(
+    sqlite_url: str, redis_url: str, r: redis.Redis, tmp_path: Path, procs: list[Proc]
+) -> None:
+    """The beat's drop watcher queues the refill task the moment a plain LPOP takes the
+    list below its low-water mark: the sweep is an hour away (the beat sends one at its
+    start, which fills the tag), and no client found the pool empty."""
+    store = SegmentStore.from_url(sqlite_url)
+    store.init_schema()
+    store.add_tag("order", step=1000)
+    env = leafpool_env(redis_url=redis_url, database_url=sqlite_url, pool_floor=1000,
+                       pool_ceiling=1000, sweep_seconds=3600, watch_sweep_seconds=3600,
+                       tag_sync_seconds=3600)
+    procs.append(worker(env, tmp_path / "worker.log", "-B", "-s",
+                        str(tmp_path / "beat-schedule")))
+    services.wait_until(_has_ids(r, "order", 1000), 60, "order filled at the start")
+    refills = int(r.hget("leafpool:{order}:state", "refills") or 0)
+    r.lpop("leafpool:{order}:ids", 501)  # 499 left: below the low-water mark (500)
+    services.wait_until(
+        lambda: int(r.hget("leafpool:{order}:state", "refills") or 0) > refills, 60,
+        "refill after the drop")
+    assert r.hget("leafpool:{order}:state", "empty_hits") is None
+    services.wait_until(_has_ids(r, "order", 1000), 60, "order full again")

@@ -63,16 +63,17 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
                     log.error("beat on %s: lost the beat lock; standing by", self._identity)
             if self._lock.acquire(blocking=False):
                 self._active = True
-                log.warning("beat on %s: holds the beat lock, sending schedules",
-                            self._identity)
+                log.warning("beat on %s: holds the beat lock, sending schedules", self._identity)
                 self._just_acquired = True
                 return True
         except Exception as exc:
-            log.error("beat on %s: cannot reach Redis for the beat lock: %s",
-                      self._identity, exc)
+            log.error("beat on %s: cannot reach Redis for the beat lock: %s", self._identity, exc)
             return False
-        log.error("beat on %s: ANOTHER BEAT IS RUNNING (lock %s held); this one stands by",
-                  self._identity, Keys(settings.key_prefix).beat_lock)
+        log.error(
+            "beat on %s: ANOTHER BEAT IS RUNNING (lock %s held); this one stands by",
+            self._identity,
+            Keys(settings.key_prefix).beat_lock,
+        )
         return False
 
     # -- the drop watcher (docs/design.md §3.7): runs while this beat holds the lock -------
@@ -81,12 +82,18 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
         if not watching or (self._watcher is not None and self._watcher.running):
             return
         if not supported(self._pool):
-            log.warning("beat on %s: Redis Cluster: no drop watcher, the sweep runs every "
-                        "%s s", self._identity, settings.sweep_seconds)
+            log.warning(
+                "beat on %s: Redis Cluster: no drop watcher, the sweep runs every %s s",
+                self._identity,
+                settings.sweep_seconds,
+            )
             return
         self._watcher = DropWatcher(
-            self._pool, self._queue_refill, interval_s=settings.watch_interval_ms / 1000,
-            queued_seconds=max(5, settings.lock_ttl_ms // 1000)).start()
+            self._pool,
+            self._queue_refill,
+            interval_s=settings.watch_interval_ms / 1000,
+            queued_seconds=max(5, settings.lock_ttl_ms // 1000),
+        ).start()
         log.info("beat on %s: drop watcher started", self._identity)
 
     def _stop_watching(self) -> None:
