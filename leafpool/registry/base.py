@@ -295,14 +295,8 @@ class BaseRegistry:
         start = self._start(cached.worker_id, cached.last_timestamp, where, None, "cache")
         self.token = cached.token or self.token
         self.degraded = True
-        log.warning(
-            "%s: %s; starting from the cache file with worker %d (last timestamp %d)",
-            self.identity,
-            reason,
-            cached.worker_id,
-            cached.last_timestamp,
-        )
-        return start
+        log.warning("%s: %s; starting from the cache file", self.identity, reason)
+        return start  # the claim logs the worker ID and the last timestamp
 
     def _fence(self, reason: str) -> None:
         if self.fenced is None:

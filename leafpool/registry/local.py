@@ -7,6 +7,7 @@ cache files (docs/design.md §8.5).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from typing import Any
@@ -45,11 +46,9 @@ class LocalRegistry(BaseRegistry):
         """This identity's previous worker ID if it is free, else the lowest free one."""
         previous = own.worker_id if own is not None else -1
         for worker_id in sorted(range(MAX_WORKER_ID + 1), key=lambda w: (w != previous, w)):
-            try:
+            with contextlib.suppress(WorkerIdUnavailable):  # held: try the next one
                 self._lock_worker(worker_id)
-            except WorkerIdUnavailable:
-                continue
-            return worker_id
+                return worker_id
         raise WorkerIdUnavailable(
             f"{self.identity}: all {MAX_WORKER_ID + 1} worker IDs are held by processes on "
             f"this host ({self.cache_dir})"

@@ -45,10 +45,10 @@ CLAIM_ATTEMPTS = 5
 #: NotFound9's DDL (columns, types and index unchanged), without its DROP TABLE.
 DDL = ddl_statement("mysql", "leaf_workerid_alloc")
 
-metadata = MetaData()
-workerid_alloc = Table(
+#: the table, as the queries below name it
+_t = Table(
     "leaf_workerid_alloc",
-    metadata,
+    MetaData(),
     Column("id", BigInteger, primary_key=True, autoincrement=True),
     Column("ip", String(127)),
     Column("port", String(127)),
@@ -57,7 +57,6 @@ workerid_alloc = Table(
     Column("create_time", TIMESTAMP, nullable=True),
     Column("update_time", TIMESTAMP, nullable=True),
 )
-_t = workerid_alloc
 
 
 class MySqlRegistry(BaseRegistry):

@@ -233,11 +233,8 @@ class ZkRegistry(ZooKeeperRegistry):
         without the registry's lock, so record_high_water never waits for it."""
         lease = self.lease
         if lease is not None and self.fenced is None and self.degraded:
-            try:
+            with contextlib.suppress(BackendUnavailable):  # still unreachable: next tick
                 client, info = self._connect(min(2.0, self.connect_timeout_s))
-            except BackendUnavailable:
-                pass
-            else:
                 with self._io:
                     if self.lease is lease and self.degraded:
                         self._reconnect(lease, client, info)
