@@ -54,19 +54,21 @@ class Backend:
 
     def settings(self, cache: str = "cache", **overrides: object) -> Settings:
         values: dict[str, object] = {
-            "snowflake_mode": self.mode, "snowflake_name": self.name,
-            "snowflake_cache_dir": str(self.tmp_path / cache), **self.overrides(),
+            "snowflake_mode": self.mode,
+            "snowflake_name": self.name,
+            "snowflake_cache_dir": str(self.tmp_path / cache),
+            **self.overrides(),
         }
         values.update(overrides)
         return load_settings(**values)
 
-    def open(self, identity: str, clock: Callable[[], int] | None = None,
-             cache: str = "cache", **kw: Any) -> Any:
+    def open(
+        self, identity: str, clock: Callable[[], int] | None = None, cache: str = "cache", **kw: Any
+    ) -> Any:
         """A registry of this mode (not claimed). ``snowflake_*``, ``zk_hosts`` and
         ``database_url`` keywords are settings; the rest go to the registry."""
         names = ("snowflake_", "zk_hosts", "database_url")
-        settings = self.settings(cache, **{k: kw.pop(k) for k in list(kw)
-                                           if k.startswith(names)})
+        settings = self.settings(cache, **{k: kw.pop(k) for k in list(kw) if k.startswith(names)})
         clock = clock or FakeMsClock(wall_clock_ms())
         if isinstance(clock, FakeMsClock):
             kw.setdefault("sleep", clock.sleep)
@@ -164,8 +166,7 @@ class ZooKeeperBackend(Backend):
         return {"zk_hosts": self.hosts}
 
     def open_unreachable(self, identity: str, **kw: Any) -> Any:
-        return self.open(identity, zk_hosts=f"127.0.0.1:{free_port()}", connect_timeout_s=0.5,
-                         **kw)
+        return self.open(identity, zk_hosts=f"127.0.0.1:{free_port()}", connect_timeout_s=0.5, **kw)
 
     def misconfigured(self) -> tuple[dict[str, object], str]:
         return {"zk_hosts": " "}, "LEAFPOOL_ZK_HOSTS"
@@ -197,8 +198,9 @@ class ZooKeeperBackend(Backend):
         return f"ZooKeeper {self.mark_path(reg, worker_id)}"
 
     def take_over(self, reg: Any, worker_id: int) -> None:
-        self.zk.set(self.mark_path(reg, worker_id),
-                    json.dumps({"timestamp": 1, "token": "other"}).encode())
+        self.zk.set(
+            self.mark_path(reg, worker_id), json.dumps({"timestamp": 1, "token": "other"}).encode()
+        )
 
 
 class ZkBackend(ZooKeeperBackend):
@@ -226,8 +228,7 @@ class RecycleBackend(ZooKeeperBackend):
     fast_tick = {"snowflake_lease_seconds": 3, "snowflake_renew_seconds": 0.2}
 
     def overrides(self) -> dict[str, object]:
-        return {**super().overrides(), "snowflake_lease_seconds": 6,
-                "snowflake_renew_seconds": 1}
+        return {**super().overrides(), "snowflake_lease_seconds": 6, "snowflake_renew_seconds": 1}
 
     def mark_path(self, reg: Any, worker_id: int) -> str:
         return str(reg.hw_path(worker_id))
@@ -249,12 +250,16 @@ class MySqlBackend(Backend):
         self.db: Engine = create_engine(self.url)
 
     def overrides(self) -> dict[str, object]:
-        return {"database_url": self.url, "snowflake_lease_seconds": 30,
-                "snowflake_renew_seconds": 5}
+        return {
+            "database_url": self.url,
+            "snowflake_lease_seconds": 30,
+            "snowflake_renew_seconds": 5,
+        }
 
     def open_unreachable(self, identity: str, **kw: Any) -> Any:
-        return self.open(identity, database_url=f"mysql+pymysql://u:p@127.0.0.1:{free_port()}/x",
-                         **kw)
+        return self.open(
+            identity, database_url=f"mysql+pymysql://u:p@127.0.0.1:{free_port()}/x", **kw
+        )
 
     def misconfigured(self) -> tuple[dict[str, object], str]:
         return {"database_url": f"sqlite:///{self.tmp_path / 'x.db'}"}, "LEAFPOOL_DATABASE_URL"
@@ -279,8 +284,10 @@ class MySqlBackend(Backend):
         return self.rows()[worker_id]
 
     def set_mark(self, reg: Any, worker_id: int, ms: int) -> None:
-        self.execute(f"UPDATE leaf_workerid_alloc SET max_timestamp = {ms}, "
-                     f"update_time = update_time WHERE id = {worker_id}")
+        self.execute(
+            f"UPDATE leaf_workerid_alloc SET max_timestamp = {ms}, "
+            f"update_time = update_time WHERE id = {worker_id}"
+        )
 
     def where(self, reg: Any, worker_id: int) -> str:
         return f"MySQL leaf_workerid_alloc id={worker_id}"
@@ -293,7 +300,8 @@ class MySqlBackend(Backend):
 
 
 BACKENDS: dict[str, type[Backend]] = {
-    b.mode: b for b in (LocalBackend, ZkBackend, RecycleBackend, MySqlBackend)}
+    b.mode: b for b in (LocalBackend, ZkBackend, RecycleBackend, MySqlBackend)
+}
 
 
 def start(mode: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
@@ -307,6 +315,7 @@ def start(mode: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
 
 def fixture(mode: str) -> Any:
     """A test module's fixture giving the backend of ``mode``: ``zk = fixture("zk")``."""
+
     def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
         yield from start(mode, request, tmp_path)
 

@@ -30,8 +30,7 @@ from tests.registries import LEASING, MODES, Backend
 every_mode = pytest.mark.parametrize("backend", MODES, indirect=True)
 leasing_modes = pytest.mark.parametrize("backend", LEASING, indirect=True)
 #: the modes with a source besides the cache file
-sourced_modes = pytest.mark.parametrize("backend", ["zk", "zk_recycle", "mysql"],
-                                        indirect=True)
+sourced_modes = pytest.mark.parametrize("backend", ["zk", "zk_recycle", "mysql"], indirect=True)
 #: the modes that hold a worker ID for one identity (zk_recycle leases IDs, not identities)
 identity_modes = pytest.mark.parametrize("backend", ["local", "zk", "mysql"], indirect=True)
 
@@ -43,12 +42,17 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
 
 def dead_pid() -> int:
     """The pid of a process that has exited."""
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(gone.stdout)
 
 
 # -- claim and record --------------------------------------------------------------------
+
 
 @every_mode
 def test_claim_records_the_start_in_the_source_and_the_cache_file(backend: Backend) -> None:
@@ -56,8 +60,11 @@ def test_claim_records_the_start_in_the_source_and_the_cache_file(backend: Backe
     reg = backend.open("host-a:w:0", clock)
     lease = reg.claim()
     now = int(clock.now)
-    assert (lease.mode, lease.source, lease.identity) == (backend.mode, backend.source,
-                                                          "host-a:w:0")
+    assert (lease.mode, lease.source, lease.identity) == (
+        backend.mode,
+        backend.source,
+        "host-a:w:0",
+    )
     assert reg.claim() is lease  # idempotent while held
     assert backend.held(reg, lease.worker_id)
     cached = json.loads(reg.cache.path.read_text())
@@ -70,8 +77,9 @@ def test_claim_records_the_start_in_the_source_and_the_cache_file(backend: Backe
     reg.record_high_water(now + 1_000)  # never lowered
     assert backend.mark(reg, lease.worker_id) == now + 3_000
     assert reg.high_water_ms == now + 3_000
-    leftovers = [p.name for p in reg.cache.path.parent.iterdir()
-                 if not p.name.endswith((".json", ".lock"))]
+    leftovers = [
+        p.name for p in reg.cache.path.parent.iterdir() if not p.name.endswith((".json", ".lock"))
+    ]
     assert leftovers == []  # the cache file is replaced atomically
 
 
@@ -101,8 +109,7 @@ def test_check_and_record_need_a_claim(backend: Backend) -> None:
 
 
 @every_mode
-def test_a_hostile_identity_names_only_its_own_cache_file(backend: Backend,
-                                                          tmp_path: Path) -> None:
+def test_a_hostile_identity_names_only_its_own_cache_file(backend: Backend, tmp_path: Path) -> None:
     overrides = {"snowflake_local_map": "5"} if backend.mode == "local" else {}
     reg = backend.open("../../evil:n:0", **overrides)
     reg.claim()
@@ -138,6 +145,7 @@ def test_the_background_thread_ticks_until_release(backend: Backend) -> None:
 
 
 # -- restart -----------------------------------------------------------------------------
+
 
 @every_mode
 def test_restart_reuses_the_worker_id_above_the_recorded_mark(backend: Backend) -> None:
@@ -191,6 +199,7 @@ def test_start_wait_waits_out_a_small_gap(backend: Backend) -> None:
 
 # -- the clock behind the recorded mark ---------------------------------------------------
 
+
 @sourced_modes
 def test_clock_behind_the_mark_in_the_source_is_refused(backend: Backend) -> None:
     now = wall_clock_ms()
@@ -212,8 +221,7 @@ def test_clock_behind_the_mark_in_the_source_is_refused(backend: Backend) -> Non
 
 
 @every_mode
-def test_clock_behind_the_cache_file_is_refused_whatever_the_source_says(
-        backend: Backend) -> None:
+def test_clock_behind_the_cache_file_is_refused_whatever_the_source_says(backend: Backend) -> None:
     now = wall_clock_ms()
     reg = backend.open("host-a:w:0", FakeMsClock(now))
     worker_id = reg.claim().worker_id
@@ -243,6 +251,7 @@ def test_a_corrupt_cache_file_refuses_the_start(backend: Backend) -> None:
 
 # -- one identity, one process ------------------------------------------------------------
 
+
 @identity_modes
 def test_an_identity_held_by_a_live_process_is_refused(backend: Backend) -> None:
     live = backend.open("host-a:w:0")
@@ -250,8 +259,9 @@ def test_an_identity_held_by_a_live_process_is_refused(backend: Backend) -> None
     second = backend.open("host-a:w:0")
     with pytest.raises(WorkerIdUnavailable) as err:
         second.claim()
-    assert ("held by another process" if backend.mode == "local"
-            else "identity in use") in str(err.value)
+    assert ("held by another process" if backend.mode == "local" else "identity in use") in str(
+        err.value
+    )
     live.check()  # the live holder is left alone
     assert backend.held(live, worker_id)
 
@@ -271,6 +281,7 @@ def test_a_crashed_holder_of_the_identity_is_taken_over_and_fenced(backend: Back
 
 
 # -- release -----------------------------------------------------------------------------
+
 
 @every_mode
 def test_release_drops_the_window_and_lets_go(backend: Backend) -> None:
@@ -292,9 +303,9 @@ def test_release_drops_the_window_and_lets_go(backend: Backend) -> None:
 
 # -- lease lost, self-fencing --------------------------------------------------------------
 
+
 @sourced_modes
-def test_a_holder_whose_worker_id_was_taken_over_is_fenced_for_good(
-        backend: Backend) -> None:
+def test_a_holder_whose_worker_id_was_taken_over_is_fenced_for_good(backend: Backend) -> None:
     reg = backend.open("host-a:w:0")
     gen = LeasedGenerator(reg, reg.settings, clock=reg.clock, sleep=reg.sleep)
     worker_id = gen.start().worker_id
@@ -362,6 +373,7 @@ def test_renew_must_be_shorter_than_two_thirds_of_the_lease(backend: Backend) ->
 
 
 # -- the source unreachable or missing ------------------------------------------------------
+
 
 @sourced_modes
 def test_source_unreachable_and_no_cache_file_refuses_the_start(backend: Backend) -> None:

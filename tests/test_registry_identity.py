@@ -23,15 +23,18 @@ from leafpool.registry.identity import (
 )
 
 
-@pytest.mark.parametrize("identity,why", [
-    ("", "non-empty"),
-    ("   ", "non-empty"),
-    (None, "non-empty"),
-    (7, "non-empty"),
-    ("x" * (MAX_IDENTITY_LENGTH + 1), f"at most {MAX_IDENTITY_LENGTH}"),
-    ("a\nb", "control characters"),
-    ("a\x00b", "control characters"),
-])
+@pytest.mark.parametrize(
+    "identity,why",
+    [
+        ("", "non-empty"),
+        ("   ", "non-empty"),
+        (None, "non-empty"),
+        (7, "non-empty"),
+        ("x" * (MAX_IDENTITY_LENGTH + 1), f"at most {MAX_IDENTITY_LENGTH}"),
+        ("a\nb", "control characters"),
+        ("a\x00b", "control characters"),
+    ],
+)
 def test_a_bad_identity_names_the_field_value_and_rule(identity: object, why: str) -> None:
     with pytest.raises(InvalidArgument) as err:
         validate_identity(identity)
@@ -40,8 +43,9 @@ def test_a_bad_identity_names_the_field_value_and_rule(identity: object, why: st
 
 
 def test_open_registry_refuses_a_bad_identity_before_anything(tmp_path: Path) -> None:
-    settings = load_settings(snowflake_mode="local", snowflake_local_map="1",
-                             snowflake_cache_dir=str(tmp_path / "cache"))
+    settings = load_settings(
+        snowflake_mode="local", snowflake_local_map="1", snowflake_cache_dir=str(tmp_path / "cache")
+    )
     with pytest.raises(InvalidArgument) as err:
         open_registry(settings, "a\nb")
     assert err.value.field == "identity"
@@ -53,10 +57,20 @@ def test_the_longest_identity_is_allowed() -> None:
     assert validate_identity(longest) == longest
 
 
-@pytest.mark.parametrize("identity", [
-    "host-a:celery@node-1:0", "../../etc/passwd:x:0", "h/o/s/t:n:1", "naïve:n:2", "a%2D:b:3",
-    ".", "..", "100%:n:0", "a~b c:n:0",
-])
+@pytest.mark.parametrize(
+    "identity",
+    [
+        "host-a:celery@node-1:0",
+        "../../etc/passwd:x:0",
+        "h/o/s/t:n:1",
+        "naïve:n:2",
+        "a%2D:b:3",
+        ".",
+        "..",
+        "100%:n:0",
+        "a~b c:n:0",
+    ],
+)
 def test_safe_identity_is_a_reversible_plain_name(identity: str) -> None:
     safe = safe_identity(identity)
     assert "/" not in safe and "-" not in safe and safe not in {".", ".."}

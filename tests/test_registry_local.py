@@ -23,23 +23,26 @@ local = registries.fixture("local")
 
 # -- the map -----------------------------------------------------------------------------
 
+
 def test_map_format() -> None:
-    assert parse_local_map(MAP) == {"host-a:node1:0": 1, "host-b:node1:0": 2,
-                                    "host-a:node1:1": 3}
+    assert parse_local_map(MAP) == {"host-a:node1:0": 1, "host-b:node1:0": 2, "host-a:node1:1": 3}
     assert parse_local_map(" 7 ") == 7
     assert parse_local_map("a=b=5") == {"a=b": 5}  # the ID follows the last '='
 
 
-@pytest.mark.parametrize("value,why", [
-    ("host-a:n:0", "identity=worker_id"),
-    ("=3", "identity=worker_id"),
-    ("a=1024", "0 to 1023"),
-    ("a=x", "0 to 1023"),
-    ("1024", "0 to 1023"),
-    ("a=1,b=1", "duplicate"),
-    ("a=1,a=2", "twice"),
-    (", ,", "no identity"),
-])
+@pytest.mark.parametrize(
+    "value,why",
+    [
+        ("host-a:n:0", "identity=worker_id"),
+        ("=3", "identity=worker_id"),
+        ("a=1024", "0 to 1023"),
+        ("a=x", "0 to 1023"),
+        ("1024", "0 to 1023"),
+        ("a=1,b=1", "duplicate"),
+        ("a=1,a=2", "twice"),
+        (", ,", "no identity"),
+    ],
+)
 def test_bad_map_names_the_variable_and_value(value: str, why: str) -> None:
     with pytest.raises(ConfigurationError) as err:
         parse_local_map(value)
@@ -50,8 +53,9 @@ def test_bad_map_names_the_variable_and_value(value: str, why: str) -> None:
 
 def test_bad_map_refused_when_the_settings_load(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError) as err:  # not at the first snowflake refill
-        load_settings(snowflake_mode="local", snowflake_local_map="nope",
-                      snowflake_cache_dir=str(tmp_path))
+        load_settings(
+            snowflake_mode="local", snowflake_local_map="nope", snowflake_cache_dir=str(tmp_path)
+        )
     assert err.value.field == "LEAFPOOL_SNOWFLAKE_LOCAL_MAP"
 
 
@@ -74,6 +78,7 @@ def test_identity_missing_from_the_map(local: LocalBackend) -> None:
 
 # -- one worker ID, one process ----------------------------------------------------------
 
+
 def test_a_worker_id_is_held_by_one_process_on_the_host(local: LocalBackend) -> None:
     clock = FakeMsClock(T0)
     first = local.open("host-a:node1:0", clock, snowflake_local_map="9")
@@ -93,8 +98,8 @@ def test_a_worker_id_is_held_by_one_process_on_the_host(local: LocalBackend) -> 
 
 # -- empty map: the lowest worker ID free on this host (the embedded default) ------------
 
-def test_an_empty_map_gives_each_process_on_the_host_its_own_worker_id(
-        local: LocalBackend) -> None:
+
+def test_an_empty_map_gives_each_process_on_the_host_its_own_worker_id(local: LocalBackend) -> None:
     first = local.open("h:n:0", snowflake_local_map="")
     second = local.open("h:n:1", snowflake_local_map="")
     assert first.claim().worker_id == 0

@@ -30,18 +30,27 @@ def fill(my: MySqlBackend, max_timestamp: str = "0") -> None:
     my.execute(
         "INSERT INTO leaf_workerid_alloc (id, ip, port, ip_port, max_timestamp, "
         "create_time, update_time) VALUES "
-        + ",".join(f"({i}, 'h', 'tok', 'other:{i}:0', {max_timestamp.format(i=i)}, NOW(), "
-                   "NOW())" for i in range(2, 1024)))
+        + ",".join(
+            f"({i}, 'h', 'tok', 'other:{i}:0', {max_timestamp.format(i=i)}, NOW(), NOW())"
+            for i in range(2, 1024)
+        )
+    )
 
 
 def test_shipped_ddl_is_the_one_the_registry_creates() -> None:
     shipped = (ROOT / "leafpool" / "sql" / "mysql" / "leaf_workerid_alloc.sql").read_text()
-    statement = "\n".join(line for line in shipped.splitlines()
-                          if not line.startswith("--")).strip().rstrip(";")
+    statement = (
+        "\n".join(line for line in shipped.splitlines() if not line.startswith("--"))
+        .strip()
+        .rstrip(";")
+    )
     assert " ".join(statement.split()) == " ".join(DDL.split())
-    for column in ("`id` bigint(20) NOT NULL AUTO_INCREMENT", "`ip_port` varchar(127) NOT NULL",
-                   "`max_timestamp` bigint(20) DEFAULT NULL",
-                   "UNIQUE KEY `idx_ipport` (`ip_port`)"):
+    for column in (
+        "`id` bigint(20) NOT NULL AUTO_INCREMENT",
+        "`ip_port` varchar(127) NOT NULL",
+        "`max_timestamp` bigint(20) DEFAULT NULL",
+        "UNIQUE KEY `idx_ipport` (`ip_port`)",
+    ):
         assert column in DDL  # NotFound9's columns, unchanged
 
 
@@ -70,14 +79,16 @@ def test_claim_creates_the_table_and_a_row_per_identity(my: MySqlBackend) -> Non
 def test_record_high_water_never_lowers_and_renews(my: MySqlBackend) -> None:
     a = my.open("host-a:w:0")
     a.claim()
-    my.execute("UPDATE leaf_workerid_alloc SET update_time = NOW() - INTERVAL 20 SECOND, "
-               "max_timestamp = 5")
+    my.execute(
+        "UPDATE leaf_workerid_alloc SET update_time = NOW() - INTERVAL 20 SECOND, max_timestamp = 5"
+    )
     a.high_water_ms = 0  # a stale in-process mark: the database keeps the larger value
     a.record_high_water(3)
     assert my.rows()[1]["max_timestamp"] == 5
     with my.db.connect() as conn:
-        age = conn.execute(text("SELECT TIMESTAMPDIFF(SECOND, update_time, NOW()) FROM "
-                                "leaf_workerid_alloc")).scalar_one()
+        age = conn.execute(
+            text("SELECT TIMESTAMPDIFF(SECOND, update_time, NOW()) FROM leaf_workerid_alloc")
+        ).scalar_one()
     assert age < 20  # the lease was renewed (it was 20 s old)
 
 
@@ -91,8 +102,10 @@ def test_worker_ids_never_pass_1023_expired_rows_are_recycled(my: MySqlBackend) 
     assert max(my.rows()) == 1023
     old_mark = wall_clock_ms() - 10_000
     # row 700's holder stopped renewing an hour ago
-    my.execute("UPDATE leaf_workerid_alloc SET update_time = NOW() - INTERVAL 1 HOUR, "
-               f"max_timestamp = {old_mark} WHERE id = 700")
+    my.execute(
+        "UPDATE leaf_workerid_alloc SET update_time = NOW() - INTERVAL 1 HOUR, "
+        f"max_timestamp = {old_mark} WHERE id = 700"
+    )
     lease = late.claim()
     assert (lease.worker_id, lease.last_timestamp_ms) == (700, old_mark)  # mark carried
     table = my.rows()
@@ -106,8 +119,9 @@ def test_a_recycled_row_fences_its_former_holder(my: MySqlBackend) -> None:
     a = my.open("host-a:w:0")
     a.claim()
     fill(my)  # a holds 1; everything else is held
-    my.execute("UPDATE leaf_workerid_alloc SET update_time = NOW() - INTERVAL 1 HOUR "
-               "WHERE id = 1")  # a missed its renews past the lease
+    my.execute(
+        "UPDATE leaf_workerid_alloc SET update_time = NOW() - INTERVAL 1 HOUR WHERE id = 1"
+    )  # a missed its renews past the lease
     b = my.open("host-b:w:0")
     assert b.claim().worker_id == 1
     with pytest.raises(WorkerIdUnavailable) as err:
@@ -139,8 +153,7 @@ def test_mysql_down_at_start_uses_the_cached_lease(my: MySqlBackend) -> None:
     assert reg.degraded
     reg.record_high_water(now + 2_000)  # within the cached lease: cache file only
     record = json.loads(reg.cache.path.read_text())
-    assert (record["last_timestamp"], record["lease_until"]) == (now + 2_000,
-                                                                 cached["lease_until"])
+    assert (record["last_timestamp"], record["lease_until"]) == (now + 2_000, cached["lease_until"])
     clock.advance(cached["lease_until"] - clock.now + 1)  # the cached lease runs out
     with pytest.raises(WorkerIdUnavailable) as err2:
         reg.check()

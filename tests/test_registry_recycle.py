@@ -57,8 +57,7 @@ def test_a_second_process_of_one_identity_gets_another_worker_id(zkr: RecycleBac
     assert (first.worker_id, second.worker_id) == (0, 1)
 
 
-def test_reclaim_after_session_expiry_starts_above_the_former_holder(
-        zkr: RecycleBackend) -> None:
+def test_reclaim_after_session_expiry_starts_above_the_former_holder(zkr: RecycleBackend) -> None:
     t = wall_clock_ms()
     a = zkr.open("host-a:w:0", FakeMsClock(t))
     gen_a = LeasedGenerator(a, a.settings, clock=a.clock, sleep=a.sleep, window_ms=5_000)
@@ -104,10 +103,16 @@ def test_a_lost_lease_node_fences(zkr: RecycleBackend) -> None:
     assert a.fenced is not None
 
 
-def test_suspended_connection_self_fences_at_once(own_zk: services.Server,
-                                                  zkr: RecycleBackend) -> None:
-    reg = zkr.open("host-a:w:0", wall_clock_ms, zk_hosts=own_zk.extra["hosts"],
-                   snowflake_lease_seconds=10, snowflake_renew_seconds=0.5)
+def test_suspended_connection_self_fences_at_once(
+    own_zk: services.Server, zkr: RecycleBackend
+) -> None:
+    reg = zkr.open(
+        "host-a:w:0",
+        wall_clock_ms,
+        zk_hosts=own_zk.extra["hosts"],
+        snowflake_lease_seconds=10,
+        snowflake_renew_seconds=0.5,
+    )
     lease = reg.claim()
     assert reg.client is not None
     states = StateLog(reg.client)

@@ -48,6 +48,7 @@ own_zk = own_zk_fixture()
 
 # -- layout ------------------------------------------------------------------------------
 
+
 def test_leaf_layout_sequence_is_the_worker_id(zk: ZkBackend) -> None:
     a = zk.open("host-a:celery@w1:0", wall_clock_ms)
     b = zk.open("host-b:celery@w1:0", wall_clock_ms)
@@ -55,11 +56,14 @@ def test_leaf_layout_sequence_is_the_worker_id(zk: ZkBackend) -> None:
     assert b.claim().worker_id == 1
     children = sorted(zk.zk.get_children(f"/snowflake/{zk.name}/forever"))
     temporary = sorted(zk.zk.get_children(f"/snowflake/{zk.name}/temporary"))
-    assert children == [f"{safe_identity('host-a:celery@w1:0')}-0000000000",
-                        f"{safe_identity('host-b:celery@w1:0')}-0000000001"]
+    assert children == [
+        f"{safe_identity('host-a:celery@w1:0')}-0000000000",
+        f"{safe_identity('host-b:celery@w1:0')}-0000000001",
+    ]
     assert all(c.count("-") == 1 for c in children)  # Leaf splits child names on '-'
-    assert temporary == sorted(safe_identity(i) for i in ("host-a:celery@w1:0",
-                                                           "host-b:celery@w1:0"))
+    assert temporary == sorted(
+        safe_identity(i) for i in ("host-a:celery@w1:0", "host-b:celery@w1:0")
+    )
     data = zk.data(f"/snowflake/{zk.name}/forever/{children[0]}")
     assert data["ip"] == "host-a" and data["port"] == "celery@w1:0"  # Leaf's Endpoint
     assert isinstance(data["timestamp"], int) and data["timestamp"] <= wall_clock_ms()
@@ -78,29 +82,28 @@ def test_report_tick_writes_the_clock_to_the_ephemeral_node(zk: ZkBackend) -> No
 
 # -- the clock against the live peers ----------------------------------------------------
 
+
 def test_clock_far_from_the_live_peers_is_refused(zk: ZkBackend) -> None:
     zk.open("host-a:w:0", wall_clock_ms).claim()
     zk.open("host-b:w:0", wall_clock_ms).claim()
-    ahead = zk.open("host-c:w:0", lambda: wall_clock_ms() + 10_000,
-                    snowflake_peer_skew_ms=5_000)
+    ahead = zk.open("host-c:w:0", lambda: wall_clock_ms() + 10_000, snowflake_peer_skew_ms=5_000)
     with pytest.raises(WorkerIdUnavailable) as err:
         ahead.claim()
     assert "LEAFPOOL_SNOWFLAKE_PEER_SKEW_MS=5000" in str(err.value)
     assert "2 live peers" in str(err.value)
-    behind = zk.open("host-c:w:0", lambda: wall_clock_ms() - 10_000,
-                     snowflake_peer_skew_ms=5_000)
+    behind = zk.open("host-c:w:0", lambda: wall_clock_ms() - 10_000, snowflake_peer_skew_ms=5_000)
     with pytest.raises(WorkerIdUnavailable):
         behind.claim()
     forever = zk.zk.get_children(f"/snowflake/{zk.name}/forever")
     temporary = zk.zk.get_children(f"/snowflake/{zk.name}/temporary")
     assert not any(c.startswith("host%2Dc") for c in forever + temporary)  # nothing written
-    close = zk.open("host-c:w:0", lambda: wall_clock_ms() + 1_000,
-                    snowflake_peer_skew_ms=5_000)
+    close = zk.open("host-c:w:0", lambda: wall_clock_ms() + 1_000, snowflake_peer_skew_ms=5_000)
     assert close.claim().worker_id == 2
     assert close.peer_skew_ms is not None and 500 < close.peer_skew_ms < 1_500
 
 
 # -- session expiry ----------------------------------------------------------------------
+
 
 def test_session_expiry_mid_run_keeps_the_worker_id(zk: ZkBackend) -> None:
     reg = zk.open("host-a:w:0", wall_clock_ms)
@@ -124,8 +127,7 @@ def test_session_expiry_mid_run_keeps_the_worker_id(zk: ZkBackend) -> None:
     gen.close()
 
 
-def test_an_expired_session_whose_identity_was_claimed_meanwhile_fences(
-        zk: ZkBackend) -> None:
+def test_an_expired_session_whose_identity_was_claimed_meanwhile_fences(zk: ZkBackend) -> None:
     a = zk.open("host-a:w:0", wall_clock_ms)
     gen = LeasedGenerator(a, a.settings, window_ms=0)
     gen.start()
@@ -138,8 +140,10 @@ def test_an_expired_session_whose_identity_was_claimed_meanwhile_fences(
     b.claim()  # the identity was free: a's node went with its session
     assert b.client is not None
     a.tick()
-    assert a.fenced == (f"identity held by pid {os.getpid()} on host-a, ZooKeeper session "
-                        f"0x{b.client.client_id[0]:x}")
+    assert a.fenced == (
+        f"identity held by pid {os.getpid()} on host-a, ZooKeeper session "
+        f"0x{b.client.client_id[0]:x}"
+    )
     with pytest.raises(WorkerIdUnavailable):
         gen.next_batch(10)
     b.check()
@@ -147,8 +151,10 @@ def test_an_expired_session_whose_identity_was_claimed_meanwhile_fences(
 
 # -- one live process per identity: a second one is refused, a reconnect fences --------
 
+
 def test_a_second_process_with_a_live_identity_generates_nothing_and_status_says_why(
-        zk: ZkBackend, tmp_path: Path, redis_url: str, pool: Pool) -> None:
+    zk: ZkBackend, tmp_path: Path, redis_url: str, pool: Pool
+) -> None:
     live = zk.open("host-a:w:0", wall_clock_ms)
     live.claim()
     assert live.client is not None
@@ -165,7 +171,8 @@ def test_a_second_process_with_a_live_identity_generates_nothing_and_status_says
         assert status.lease_state.startswith("unavailable: host-a:w:0: identity in use")
         session = live.client.client_id[0]
         assert f"held by pid {os.getpid()} on host-a, ZooKeeper session 0x{session:x}" in (
-            status.lease_state)
+            status.lease_state
+        )
         assert status.length == 0 and status.last_refill_result == "failed: IdentityHeld"
         live.release()
         assert refiller.refill("flake").pushed > 0  # the next refill claims: holder gone
@@ -175,8 +182,8 @@ def test_a_second_process_with_a_live_identity_generates_nothing_and_status_says
 
 
 def test_a_reconnect_finding_the_identity_held_by_a_live_process_fences(
-        own_zk: services.Server, zk: ZkBackend, pool: Pool,
-        caplog: pytest.LogCaptureFixture) -> None:
+    own_zk: services.Server, zk: ZkBackend, pool: Pool, caplog: pytest.LogCaptureFixture
+) -> None:
     """Started from the cache file while ZooKeeper was down; meanwhile another process
     claimed the same identity. Once ZooKeeper answers, this one stops generating for
     good, the pool keeps serving what it holds, and the log and the status say why."""
@@ -207,8 +214,10 @@ def test_a_reconnect_finding_the_identity_held_by_a_live_process_fences(
     with caplog.at_level(logging.ERROR, logger="leafpool.registry"):
         services.wait_until(fenced, 30, "the reconnect fenced")
     assert degraded.fenced == f"identity held by pid {os.getpid()} on host-a, {session}"
-    assert any(rec.getMessage().startswith("host-a:w:0: worker 0 fenced")
-               and session in rec.getMessage() for rec in caplog.records)
+    assert any(
+        rec.getMessage().startswith("host-a:w:0: worker 0 fenced") and session in rec.getMessage()
+        for rec in caplog.records
+    )
     with pytest.raises(WorkerIdUnavailable) as err:
         gen.next_batch(10)
     assert "fenced: identity held by" in str(err.value)
@@ -223,6 +232,7 @@ def test_a_reconnect_finding_the_identity_held_by_a_live_process_fences(
 
 
 # -- no wrap past 1023 -------------------------------------------------------------------
+
 
 def test_more_than_1024_nodes_is_refused_never_wrapped(zk: ZkBackend) -> None:
     forever = f"/snowflake/{zk.name}/forever"
@@ -240,8 +250,10 @@ def test_more_than_1024_nodes_is_refused_never_wrapped(zk: ZkBackend) -> None:
 
 # -- ZooKeeper down at start -------------------------------------------------------------
 
+
 def test_zookeeper_down_at_start_uses_the_cache_with_the_clock_check(
-        own_zk: services.Server, zk: ZkBackend) -> None:
+    own_zk: services.Server, zk: ZkBackend
+) -> None:
     hosts = own_zk.extra["hosts"]
     first = zk.open("host-a:w:0", wall_clock_ms, zk_hosts=hosts, snowflake_lease_seconds=4)
     first.claim()
@@ -250,8 +262,9 @@ def test_zookeeper_down_at_start_uses_the_cache_with_the_clock_check(
     first.release()
     own_zk.kill()
     try:
-        behind = zk.open("host-a:w:0", FakeMsClock(recorded - 500), zk_hosts=hosts,
-                         connect_timeout_s=0.5)
+        behind = zk.open(
+            "host-a:w:0", FakeMsClock(recorded - 500), zk_hosts=hosts, connect_timeout_s=0.5
+        )
         with pytest.raises(ClockMovedBackwards) as err:
             behind.claim()
         assert "cache file" in str(err.value)
@@ -259,11 +272,9 @@ def test_zookeeper_down_at_start_uses_the_cache_with_the_clock_check(
         clock = FakeMsClock(recorded + 10)
         reg = zk.open("host-a:w:0", clock, zk_hosts=hosts, connect_timeout_s=0.5)
         lease = reg.claim()
-        assert (lease.worker_id, lease.source, lease.last_timestamp_ms) == (0, "cache",
-                                                                             recorded)
+        assert (lease.worker_id, lease.source, lease.last_timestamp_ms) == (0, "cache", recorded)
         assert reg.degraded
-        gen = LeasedGenerator(reg, reg.settings, clock=clock, sleep=clock.sleep,
-                              window_ms=100)
+        gen = LeasedGenerator(reg, reg.settings, clock=clock, sleep=clock.sleep, window_ms=100)
         gen.start()
         ids = gen.next_batch(5_000)
         assert decode(ids[0]).timestamp_ms > recorded and decode(ids[0]).worker_id == 0
@@ -288,17 +299,23 @@ def test_zookeeper_down_at_start_uses_the_cache_with_the_clock_check(
 
 # -- real processes ----------------------------------------------------------------------
 
+
 def test_four_processes_200k_ids_each_all_unique(zk: ZkBackend, tmp_path: Path) -> None:
-    overrides = {"snowflake_mode": "zk", "zk_hosts": zk.hosts, "snowflake_name": zk.name,
-                 "snowflake_cache_dir": str(tmp_path / "cache")}
+    overrides = {
+        "snowflake_mode": "zk",
+        "zk_hosts": zk.hosts,
+        "snowflake_name": zk.name,
+        "snowflake_cache_dir": str(tmp_path / "cache"),
+    }
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(4)
     procs = []
     for i in range(4):
         out = str(tmp_path / f"ids{i}.bin")
-        proc = ctx.Process(target=run_worker,
-                           args=(overrides, f"host{i}:celery@w:{i}", 200_000, 20_000, out,
-                                 barrier))
+        proc = ctx.Process(
+            target=run_worker,
+            args=(overrides, f"host{i}:celery@w:{i}", 200_000, 20_000, out, barrier),
+        )
         proc.start()
         procs.append((proc, out))
     all_ids: list[int] = []
@@ -321,16 +338,23 @@ def test_four_processes_200k_ids_each_all_unique(zk: ZkBackend, tmp_path: Path) 
 
 # -- the shipped ZooKeeper configuration -------------------------------------------------
 
+
 def test_shipped_zoo_cfg_starts_and_grants_the_default_lease(tmp_path: Path) -> None:
     shipped = (services.ROOT / "ops" / "zookeeper" / "zoo.cfg").read_text()
-    conf = dict(line.split("=", 1) for line in shipped.splitlines()
-                if line.strip() and not line.startswith("#"))
+    conf = dict(
+        line.split("=", 1)
+        for line in shipped.splitlines()
+        if line.strip() and not line.startswith("#")
+    )
     default_lease_ms = load_settings().snowflake_lease_seconds * 1000
     assert int(conf["minSessionTimeout"]) <= default_lease_ms <= int(conf["maxSessionTimeout"])
     assert conf["forceSync"] == "yes"
     port = services.free_port()
-    local = {"dataDir": str(tmp_path / "zk"), "dataLogDir": str(tmp_path / "zk" / "log"),
-             "clientPort": str(port)}
+    local = {
+        "dataDir": str(tmp_path / "zk"),
+        "dataLogDir": str(tmp_path / "zk" / "log"),
+        "clientPort": str(port),
+    }
     text = "\n".join(f"{k}={local.get(k, v)}" for k, v in conf.items())
     cfg = tmp_path / "zoo.cfg"
     cfg.write_text(text + "\nclientPortAddress=127.0.0.1\n")
@@ -340,16 +364,29 @@ def test_shipped_zoo_cfg_starts_and_grants_the_default_lease(tmp_path: Path) -> 
         services.missing("zookeeper (Debian package) or java")
     classpath = ":".join(p for p in services.ZK_CLASSPATH if Path(p).exists())
     server = services.Server(
-        "zookeeper-shipped", port, tmp_path, [
-            str(java), "-Xmx256m", "-cp", classpath,
-            "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)],
-        tmp_path / "zk.log")
+        "zookeeper-shipped",
+        port,
+        tmp_path,
+        [
+            str(java),
+            "-Xmx256m",
+            "-cp",
+            classpath,
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+            str(cfg),
+        ],
+        tmp_path / "zk.log",
+    )
     server.start(timeout=60)
     try:
         hosts = f"127.0.0.1:{port}"
         wait_serving(hosts)
-        settings = load_settings(snowflake_mode="zk", zk_hosts=hosts, snowflake_name="t",
-                                 snowflake_cache_dir=str(tmp_path / "cache"))
+        settings = load_settings(
+            snowflake_mode="zk",
+            zk_hosts=hosts,
+            snowflake_name="t",
+            snowflake_cache_dir=str(tmp_path / "cache"),
+        )
         reg = open_registry(settings, "host-a:w:0", background=False)
         assert isinstance(reg, ZkRegistry)
         assert reg.claim().worker_id == 0

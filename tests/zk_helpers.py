@@ -48,6 +48,7 @@ class StateLog:
 
     def wait_for(self, *sequence: str, timeout: float = 15.0) -> None:
         """Until ``sequence`` appears in order among the recorded states."""
+
         def seen() -> bool:
             it = iter(self.states)
             return all(any(s == want for s in it) for want in sequence)
@@ -108,5 +109,14 @@ def restart(server: services.Server) -> None:
     wait_serving(server.extra["hosts"])
 
 
-__all__ = ["KazooState", "StateLog", "expire_session", "own_zk_fixture", "own_zookeeper",
-           "raw_client", "restart", "unique_name", "wait_serving"]
+__all__ = [
+    "KazooState",
+    "StateLog",
+    "expire_session",
+    "own_zk_fixture",
+    "own_zookeeper",
+    "raw_client",
+    "restart",
+    "unique_name",
+    "wait_serving",
+]
