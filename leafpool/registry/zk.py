@@ -141,8 +141,8 @@ class ZkRegistry(ZooKeeperRegistry):
                 raw, stat = self._wait(result)
             except NoNodeError:
                 continue
-            if timestamp_of(raw) > 0:
-                skews.append(ours - (timestamp_of(raw) - stat.mtime))
+            if (reported := timestamp_of(raw)) > 0:
+                skews.append(ours - (reported - stat.mtime))
         if not skews:
             log.info("%s: no live peers to compare the clock with", self.identity)
             return
