@@ -19,7 +19,6 @@ from rich.console import Console
 from rich.table import Table
 
 from leafpool.config import get_settings
-from leafpool.durations import fmt_ago, fmt_duration
 from leafpool.errors import (
     ConfigurationError,
     InvalidArgument,
@@ -29,7 +28,14 @@ from leafpool.errors import (
     UnknownTag,
 )
 from leafpool.runtime import Runtime
-from leafpool.status import pool_status
+from leafpool.status import (
+    RICH_TABLE_ROWS,
+    STATUS_COLUMNS,
+    plain_table,
+    pool_status,
+    status_json,
+    status_row,
+)
 from leafpool.tags import register, validate_tag
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -189,23 +195,21 @@ def status(
     rt = _runtime()
     while True:
         rows = pool_status(rt.pool)
-        if as_json:
-            out.print_json(json.dumps([r.as_dict() for r in rows]))
+        if as_json:  # plain writes: rich's highlighting took seconds for 10,000 tags
+            sys.stdout.write(status_json(rows))
+            sys.stdout.flush()
         else:
-            table = Table("tag", "mode", "ready/target", "reserve", "step/workers", "max_id",
-                          "pops/s", "left", "refilled", "result", "empty", "last error")
-            for r in rows:
-                table.add_row(
-                    r.tag, r.mode, f"{r.length:,}/{r.target:,}", f"{r.reserve_size:,}",
-                    f"{r.step:,}" if r.mode == "segment" else f"w {','.join(r.worker_ids) or '-'}",
-                    "-" if r.max_id is None else str(r.max_id),
-                    f"{r.rate:,.1f}", fmt_duration(r.seconds_left), fmt_ago(r.last_refill_ms),
-                    r.last_refill_result, str(r.empty_hits),
-                    f"{r.last_error} ({fmt_ago(r.last_error_ms)})" if r.last_error else "",
-                )
+            cells = [status_row(r) for r in rows]
             if watch:
                 out.clear()
-            out.print(table)
+            if len(cells) > RICH_TABLE_ROWS:
+                sys.stdout.write(plain_table(cells))
+                sys.stdout.flush()
+            else:
+                table = Table(*STATUS_COLUMNS)
+                for row in cells:
+                    table.add_row(*row)
+                out.print(table)
         if not watch:
             return
         time.sleep(watch)

@@ -114,6 +114,10 @@ class Settings(BaseSettings):
     tag_sync_seconds: float = Field(60.0, gt=0, le=DAY)
     sweep_seconds: float = Field(1.0, gt=0, le=HOUR)
     visibility_timeout: int = Field(300, ge=1, le=int(7 * DAY))
+    # the tag sync's first fill of new tags (docs/design.md §4): tags per refill task it
+    # queues (1: one task per tag) and refills run at once inside one such task
+    refill_batch_size: int = Field(100, ge=1, le=10_000)
+    refill_batch_threads: int = Field(4, ge=1, le=64)
 
     # the drop watcher and burst sizing (docs/design.md §3.7, §3.2): the beat's process
     # watches every tag's list (client-side-caching invalidations) and queues a refill

@@ -104,7 +104,10 @@ def text(raw: object) -> str:
 
 
 def _decode_map(raw: Mapping[bytes, bytes]) -> dict[str, str]:
-    return {text(k): text(v) for k, v in raw.items()}
+    try:  # bytes: a client without decode_responses (the common case, decoded at once)
+        return {k.decode(): v.decode() for k, v in raw.items()}
+    except AttributeError:
+        return {text(k): text(v) for k, v in raw.items()}
 
 
 SNAPSHOT_REPLIES = 4
@@ -116,6 +119,19 @@ def queue_snapshot(pipe: Any, k: TagKeys) -> None:
     pipe.lrange(k.reserve, 0, -1)
     pipe.hgetall(k.state)
     pipe.exists(k.lock)
+
+
+def snapshot_commands(k: TagKeys) -> list[tuple[Any, ...]]:
+    """:func:`queue_snapshot`'s commands as raw commands (many tags in one send)."""
+    return [("LLEN", k.ids), ("LRANGE", k.reserve, 0, -1), ("HGETALL", k.state),
+            ("EXISTS", k.lock)]
+
+
+def as_map(reply: Any) -> Mapping[Any, Any]:
+    """A raw ``HGETALL`` reply as a mapping: a dict under RESP3, a flat list under RESP2."""
+    if isinstance(reply, list):
+        return dict(zip(reply[::2], reply[1::2], strict=True))
+    return reply  # type: ignore[no-any-return]
 
 
 def snapshot_from(tag: str, replies: Sequence[Any]) -> Snapshot:

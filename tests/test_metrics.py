@@ -46,8 +46,14 @@ def refilled(pool: Pool, sqlite_url: str, make_settings: Callable[..., Settings]
     store = SegmentStore.from_url(sqlite_url)
     store.init_schema()
     store.add_tag("order", step=1000)
-    settings = make_settings(database_url=sqlite_url, pool_floor=2000, pool_ceiling=50_000,
-                             chunk_size=500, reserve_seconds=10, pool_seconds=10)
+    settings = make_settings(
+        database_url=sqlite_url,
+        pool_floor=2000,
+        pool_ceiling=50_000,
+        chunk_size=500,
+        reserve_seconds=10,
+        pool_seconds=10,
+    )
     SegmentRefiller(pool, store, settings).refill("order")
     return store
 
@@ -71,7 +77,8 @@ def test_a_real_refill_shows_in_the_metrics(
     assert samples[("leafpool_pool_pushed_ids_total", order)] == 2000.0
     assert samples[("leafpool_db_allocations_total", order)] == snap.int("allocations") >= 1
     assert samples[("leafpool_db_alloc_last_seconds", order)] == pytest.approx(
-        snap.float("last_alloc_ms") / 1000)
+        snap.float("last_alloc_ms") / 1000
+    )
     assert samples[("leafpool_pool_refill_locked", order)] == 0.0
     assert samples[("leafpool_pool_last_refill_timestamp_seconds", order)] > 1.7e9
 
@@ -96,12 +103,17 @@ def test_empty_hits_and_failures_are_counted(
     assert samples[("leafpool_pool_last_error_timestamp_seconds", order)] == 1_700_000_000.0
 
 
-def test_snowflake_state_becomes_registry_and_clock_metrics(
-    pool: Pool, r: redis.Redis
-) -> None:
-    pool.register("sf", "snowflake", 0, worker_ids="3,7", lease_state="held",
-                  backwards_events=2, last_backwards_ms=1_700_000_000_500,
-                  last_backwards_offset_ms=12)
+def test_snowflake_state_becomes_registry_and_clock_metrics(pool: Pool, r: redis.Redis) -> None:
+    pool.register(
+        "sf",
+        "snowflake",
+        0,
+        worker_ids="3,7",
+        lease_state="held",
+        backwards_events=2,
+        last_backwards_ms=1_700_000_000_500,
+        last_backwards_offset_ms=12,
+    )
     _, samples = scrape(pool)
     sf = tag_labels("sf", "snowflake")
     assert samples[("leafpool_tags", (("mode", "snowflake"),))] == 1.0
@@ -111,14 +123,23 @@ def test_snowflake_state_becomes_registry_and_clock_metrics(
     assert samples[("leafpool_snowflake_clock_backwards_total", sf)] == 2.0
     assert samples[("leafpool_snowflake_last_clock_backwards_offset_seconds", sf)] == 0.012
     assert samples[("leafpool_snowflake_last_clock_backwards_timestamp_seconds", sf)] == (
-        1_700_000_000.5)
+        1_700_000_000.5
+    )
 
 
 def test_every_documented_name_is_exported(
     pool: Pool, r: redis.Redis, refilled: SegmentStore
 ) -> None:
-    pool.register("sf", "snowflake", 0, worker_ids="1", lease_state="held",
-                  backwards_events=1, last_backwards_ms=1, last_backwards_offset_ms=1)
+    pool.register(
+        "sf",
+        "snowflake",
+        0,
+        worker_ids="1",
+        lease_state="held",
+        backwards_events=1,
+        last_backwards_ms=1,
+        last_backwards_offset_ms=1,
+    )
     for field in ("empty_hits", "reserve_takes", "refill_failures"):
         r.hincrby("leafpool:{order}:state", field, 1)
     r.hset("leafpool:{order}:state", mapping={"rate": 10, "last_error_ms": 1})
@@ -159,10 +180,17 @@ def test_grafana_dashboard_is_valid_and_uses_exported_names() -> None:
             used |= {_family(n) for n in _NAME_RE.findall(target["expr"])}
     unknown = used - set(METRIC_NAMES)
     assert unknown == set()
-    must_show = {"leafpool_pool_ids", "leafpool_pool_target_ids", "leafpool_pool_pops_per_second",
-                 "leafpool_pool_empty_hits", "leafpool_pool_refill_failures",
-                 "leafpool_db_alloc_last_seconds", "leafpool_snowflake_clock_backwards",
-                 "leafpool_up", "leafpool_http_request_duration_seconds"}
+    must_show = {
+        "leafpool_pool_ids",
+        "leafpool_pool_target_ids",
+        "leafpool_pool_pops_per_second",
+        "leafpool_pool_empty_hits",
+        "leafpool_pool_refill_failures",
+        "leafpool_db_alloc_last_seconds",
+        "leafpool_snowflake_clock_backwards",
+        "leafpool_up",
+        "leafpool_http_request_duration_seconds",
+    }
     assert must_show <= used
     variables = {v["name"] for v in dashboard["templating"]["list"]}
     assert {"datasource", "tag"} <= variables
@@ -175,3 +203,68 @@ def test_prometheus_scrapes_the_http_service() -> None:
     assert job.get("metrics_path", "/metrics") == "/metrics"
     targets = [t for group in job["static_configs"] for t in group["targets"]]
     assert "http:8080" in targets  # the compose service name and port
+
+
+# -- many tags: the pool's families written directly ------------------------------------------
+
+
+def _families(
+    text: str,
+) -> dict[str, tuple[str, str, set[tuple[str, tuple[tuple[str, str], ...], float]]]]:
+    """name -> (type, help, samples), the scrape duration's value left out."""
+    out = {}
+    for f in text_string_to_metric_families(text):
+        samples = {
+            (
+                s.name,
+                tuple(sorted(s.labels.items())),
+                0.0 if s.name == "leafpool_scrape_duration_seconds" else s.value,
+            )
+            for s in f.samples
+        }
+        out[f.name] = (f.type, f.documentation, samples)
+    return out
+
+
+def test_the_direct_writer_gives_what_prometheus_client_gives(
+    pool: Pool, r: redis.Redis, refilled: SegmentStore
+) -> None:
+    """render() writes the pool's families itself; every family, help text, type, sample
+    and value equals prometheus-client's own exposition of the same collector."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from leafpool.metrics import PoolCollector, http_metrics
+
+    pool.register(
+        "sf",
+        "snowflake",
+        0,
+        worker_ids="1,2",
+        lease_state='held "zk"\\ok',
+        backwards_events=2,
+        last_backwards_ms=5,
+        time_bits_years_left="40.5",
+    )
+    for n in range(600):  # more tags than one pipeline holds
+        pool.register(f"idle{n:03d}", "segment", 0, table_step=10)
+    r.hset("leafpool:{order}:state", mapping={"rate": "12.25", "last_error_ms": 3})
+    plain = CollectorRegistry(auto_describe=False)
+    plain.register(PoolCollector(pool))
+    registry = make_registry(pool)
+    http_metrics(registry).requests.labels("segment", "200").inc()
+    direct = render(registry).decode()
+    assert "leafpool_http_requests_total" in direct  # the registered metrics follow
+    expected = _families(generate_latest(plain).decode())
+    got = _families(direct)
+    assert {name for name in got if not name.startswith("leafpool_http")} == set(expected)
+    for name, family in expected.items():
+        assert got[name] == family, name
+    assert len(expected["leafpool_pool_ids"][2]) == 602
+
+
+def test_the_registry_still_collects_the_pool_for_any_reader(pool: Pool) -> None:
+    pool.register("order", "segment", 0)
+    registry = make_registry(pool)
+    assert (
+        registry.get_sample_value("leafpool_pool_ids", {"tag": "order", "mode": "segment"}) == 0.0
+    )

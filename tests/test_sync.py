@@ -59,9 +59,7 @@ def test_one_name_is_one_tag_across_modes(store: SegmentStore) -> None:
         store.add_tag("flake", step=10)
 
 
-def test_a_step_changed_in_the_table_reaches_the_pool(
-    pool: Pool, store: SegmentStore
-) -> None:
+def test_a_step_changed_in_the_table_reaches_the_pool(pool: Pool, store: SegmentStore) -> None:
     store.add_tag("pay", step=10)
     sync_tags(pool, store)
     store.set_step("pay", 70)
@@ -133,3 +131,101 @@ def test_a_row_deleted_by_hand_keeps_its_mark_for_a_row_inserted_again(
         conn.execute(text(f"UPDATE leaf_alloc SET max_id = {mark} WHERE biz_tag = 'pay'"))
     refiller.refill("pay")
     assert int(r.lpop("leafpool:{pay}:ids")) == mark  # type: ignore[arg-type]
+
+
+# -- thousands of rows: registration in pipelines --------------------------------------------
+
+
+def _insert_many(store: SegmentStore, segment: int, snowflake: int) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO leaf_alloc(biz_tag, max_id, step) VALUES "
+                + ",".join(f"('s{n:04d}', 1, {10 + n})" for n in range(segment))
+            )
+        )
+    store.add_snowflake_tag("f0000")  # creates leafpool's own tables
+    if snowflake < 2:
+        return
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO leafpool_snowflake_tag(biz_tag) VALUES "
+                + ",".join(f"('f{n:04d}')" for n in range(1, snowflake))
+            )
+        )
+
+
+def test_a_sync_of_many_rows_registers_every_tag_of_both_modes(
+    pool: Pool, store: SegmentStore, r: redis.Redis
+) -> None:
+    _insert_many(store, 900, 300)  # more tags than one pipeline holds
+    result = sync_tags(pool, store, wall=lambda: 1.5)
+    assert result.total == 1200 and len(result.added) == 1200
+    by_mode = result.added_by_mode()
+    assert len(by_mode["segment"]) == 900 and len(by_mode["snowflake"]) == 300
+    assert pool.tags() == sorted(result.added)
+    states = pool.states(result.added, ("mode", "created_ms", "table_step"))
+    assert states[0] == {"mode": "segment", "created_ms": "1500", "table_step": "10"}
+    assert states[899] == {"mode": "segment", "created_ms": "1500", "table_step": "909"}
+    assert states[900] == {"mode": "snowflake", "created_ms": "1500"}
+    again = sync_tags(pool, store)
+    assert (again.added, again.removed) == ([], [])
+    assert r.hget("leafpool:{s0000}:state", "created_ms") == b"1500"  # kept, not renewed
+
+
+def test_registering_many_keeps_existing_state_like_one_registration(pool: Pool) -> None:
+    pool.register("old", "segment", 5, table_step=10, hwm=99)
+    added = pool.register_many(
+        [("old", "snowflake", 7, {"table_step": 20}), ("new", "segment", 7, {})]
+    )
+    assert added == [False, True]
+    assert pool.snapshot("old").state == {
+        "mode": "segment",
+        "created_ms": "5",
+        "table_step": "20",
+        "hwm": "99",
+    }
+    assert pool.snapshot("new").state == {"mode": "segment", "created_ms": "7"}
+
+
+def test_a_tag_removed_and_added_again_among_many_is_kept_and_the_rest_dropped(
+    pool: Pool, store: SegmentStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race properties hold for a sync of many rows: of 700 tags deleted from the
+    table during one sync, the one added again meanwhile is kept (its new state), the
+    one added between the two reads is kept, and every other is dropped."""
+    _insert_many(store, 700, 1)
+    sync_tags(pool, store, wall=lambda: 1.0)
+    real_list = store.list_tags
+
+    def delete_all_then_race() -> list[TagRow]:
+        with store.engine.begin() as conn:
+            conn.execute(text("DELETE FROM leaf_alloc"))
+        pool.drop("s0350")  # `leafpool tag remove s0350` ...
+        rows = real_list()  # ... seen by the sync's database read ...
+        store.add_tag("s0350", step=10)  # ... and added again at once
+        pool.register("s0350", "segment", 2, table_step=10)
+        store.add_tag("late", step=10)  # a tag added after the pool's tags were read
+        pool.register("late", "segment", 3, table_step=10)
+        return rows
+
+    monkeypatch.setattr(store, "list_tags", delete_all_then_race)
+    result = sync_tags(pool, store)
+    assert len(result.removed) == 699 and "s0350" not in result.removed
+    assert pool.tags() == ["f0000", "late", "s0350"]
+    assert pool.snapshot("s0350").state["created_ms"] == "2"
+
+
+def test_pack_writes_what_redis_py_writes() -> None:
+    from redis.connection import Connection
+
+    from leafpool.pool import pack
+
+    commands = [
+        ("LLEN", "leafpool:{a.b-c_1}:ids"),
+        ("HSET", "k", "f", "värde", b"\x00\r\n", 7),
+        ("SET", "q", 1, "NX", "EX", 30),
+        ("HMGET", "s", "mode"),
+    ]
+    assert pack(commands) == b"".join(Connection().pack_commands(commands))

@@ -30,6 +30,8 @@ app.conf.update(
     task_routes={
         "leafpool.refill_segment": {"queue": SEGMENT_QUEUE},
         "leafpool.refill_snowflake": {"queue": SNOWFLAKE_QUEUE},
+        "leafpool.refill_segments": {"queue": SEGMENT_QUEUE},
+        "leafpool.refill_snowflakes": {"queue": SNOWFLAKE_QUEUE},
         "leafpool.sweep": {"queue": CONTROL_QUEUE},
         "leafpool.sync_tags": {"queue": CONTROL_QUEUE},
     },

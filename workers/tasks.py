@@ -9,6 +9,7 @@ from leafpool import sweep as sweeping
 from leafpool import sync
 from leafpool.errors import BackendUnavailable, UnknownTag
 from leafpool.refill import Refiller
+from leafpool.refill_batch import refill_many
 from workers.application import app, settings
 from workers.resources import runtime
 
@@ -63,15 +64,42 @@ def sweep() -> dict[str, object]:
     return {"queued": queued}
 
 
+@app.task(name="leafpool.refill_segments")
+def refill_segments(tags: list[str], force: bool = False) -> dict[str, object]:
+    """Refill a batch of segment tags (the tag sync's first fill), a few at once; each
+    tag's result or failure shows in Flower. A failed tag is queued again by the sweep."""
+    rt = runtime()
+    return refill_many(lambda tag: rt.refiller.refill(tag, force=force), tags,
+                       threads=rt.settings.refill_batch_threads,
+                       before=rt.pool.clear_queued).as_dict()
+
+
+@app.task(name="leafpool.refill_snowflakes")
+def refill_snowflakes(tags: list[str], force: bool = False) -> dict[str, object]:
+    """Refill a batch of snowflake tags from this process's worker ID, one at a time."""
+    rt = runtime()
+    refiller = rt.snowflake_refiller()
+    return refill_many(lambda tag: refiller.refill(tag, force=force), tags,
+                       before=rt.pool.clear_queued).as_dict()
+
+
 @app.task(name="leafpool.sync_tags", autoretry_for=(BackendUnavailable,), max_retries=3,
           retry_backoff=True)
 def sync_tags() -> dict[str, object]:
-    """Make the pool's tags match the database (Leaf's 60 s cache update)."""
+    """Make the pool's tags match the database (Leaf's 60 s cache update) and queue the
+    new tags' first refills: one task per ``LEAFPOOL_REFILL_BATCH_SIZE`` tags, each tag
+    marked queued (the sweep does not queue it again meanwhile)."""
     rt = runtime()
     result = sync.sync_tags(rt.pool, rt.store)
-    for tag in result.added:
-        if rt.pool.mode(tag) == "snowflake":
-            refill_snowflake.delay(tag)
-        else:
-            refill_segment.delay(tag)
+    size = rt.settings.refill_batch_size
+    for mode, tags in result.added_by_mode().items():
+        if size == 1:  # one task per tag
+            single = refill_snowflake if mode == "snowflake" else refill_segment
+            for tag in tags:
+                single.delay(tag)
+            continue
+        rt.pool.mark_queued_many(tags, rt.settings.visibility_timeout)
+        batch = refill_snowflakes if mode == "snowflake" else refill_segments
+        for lo in range(0, len(tags), size):
+            batch.delay(tags[lo:lo + size])
     return result.as_dict()
