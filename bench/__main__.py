@@ -83,6 +83,13 @@ def http_section(sizes: Sizes) -> None:
     http_bench.main(sizes.http)
 
 
+def burst_section(sizes: Sizes, size: str) -> None:
+    from bench import burst_bench
+
+    burst_bench.main(console, {"smoke": burst_bench.SMOKE, "quick": burst_bench.QUICK}
+                     .get(size, burst_bench.FULL))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     size = parser.add_mutually_exclusive_group()
@@ -90,12 +97,17 @@ def main() -> None:
     size.add_argument("--smoke", action="store_true",
                       help="every section with tiny sizes, in seconds: proves the benchmarks "
                            "run; the figures mean nothing")
-    parser.add_argument("--only", choices=["", "pools", "replication", "snowflake", "http"],
+    parser.add_argument("--only", choices=["", "pools", "replication", "snowflake", "http",
+                                           "burst"],
                         default="", help="one section")
     args = parser.parse_args()
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
     sections = {"replication": replication_section, "snowflake": snowflake_section,
                 "http": http_section}
+    size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
+    if args.only == "burst":
+        burst_section(sizes, size_name)
+        return
     if args.only in sections:
         sections[args.only](sizes)
         return
@@ -184,6 +196,7 @@ def main() -> None:
         replication_section(sizes)
         snowflake_section(sizes)
         http_section(sizes)
+        burst_section(sizes, size_name)
     console.print(f"total {time.monotonic() - started:.0f} s")
 
 

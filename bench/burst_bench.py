@@ -1,0 +1,590 @@
+"""``python -m bench --only burst``: bursts, the sweep's cost and idle tags' memory, today's
+path side by side with the drop watcher's, in one run (docs/design.md §3.2, §3.7).
+
+Bursts. One redis-server and one MariaDB; for each path a real
+``celery -A workers worker -B -c 2`` (its beat sends the sweep, or runs the drop watcher)
+and one tag of its own (its own key prefix and broker database). Client processes with
+the ``wait`` policy take ``next_ids(50)`` at 1,000 IDs/s (or nothing: an idle tag at its
+floor), then at 50,000 IDs/s. Reported: PoolEmpty raised, the longest pop, pops over
+100 ms, the tag's ``empty_hits``, how long the pool took to reach its new size, and the
+segments allocated from MariaDB. Paths:
+
+- **before**: the sweep every second, the smoothed rate alone, floor 2,000
+  (``LEAFPOOL_WATCH=false LEAFPOOL_BURST_SIZING=false LEAFPOOL_POOL_FLOOR=2000``);
+- **now**: the drop watcher in the beat, burst sizing, floor 200 (the defaults).
+
+Sweep. 10,000 tags in the state a refill leaves them; the worker's CPU time and Redis's
+CPU time (``INFO cpu``, main thread) of one sweep: the full snapshot of every tag (before)
+against the level sweep (now), the watcher's full pass (on a (re)connect) and the
+watcher's read of 100 tags touched (its steady state). Memory: 10,000 idle tags at the
+floor, segment and snowflake, floor 2,000 against 200 (``INFO memory``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import text
+
+from bench import servers
+from leafpool.children import die_with_parent
+from leafpool.pool import Pool
+from leafpool.store import SegmentStore
+from leafpool.sweep import snapshot_sweep, sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+BATCH = 50
+CLIENTS = 4
+BURST_RATE = 50_000
+STEADY_RATE = 1_000
+SLOW_MS = 100.0
+
+
+@dataclass(frozen=True)
+class BurstSizes:
+    warm_s: float = 8.0  # at the steady rate before measuring
+    steady_s: float = 5.0
+    burst_s: float = 15.0
+    tags: int = 10_000  # sweep and memory
+    trigger_s: float = 3.0  # popping one tag while listening for drops
+    idle: bool = True  # also the bursts from an idle tag at its floor
+
+
+FULL = BurstSizes()
+QUICK = BurstSizes(warm_s=4.0, steady_s=3.0, burst_s=8.0, tags=10_000)
+SMOKE = BurstSizes(warm_s=0.5, steady_s=0.5, burst_s=1.0, tags=100, trigger_s=0.2, idle=False)
+
+
+PATHS: tuple[tuple[str, dict[str, str]], ...] = (
+    (
+        "before",
+        {
+            "LEAFPOOL_WATCH": "false",
+            "LEAFPOOL_BURST_SIZING": "false",
+            "LEAFPOOL_POOL_FLOOR": "2000",
+        },
+    ),
+    ("now", {}),
+)
+CAPTION = (
+    "before: the sweep every second, the smoothed rate, floor 2,000; now: the drop "
+    "watcher in the beat, burst sizing, floor 200"
+)
+
+
+# -- clients ------------------------------------------------------------------------------
+
+
+@dataclass
+class ClientReport:
+    calls: int = 0
+    ids: int = 0
+    pool_empty: int = 0
+    errors: int = 0
+    slow: int = 0  # pops over SLOW_MS
+    latencies_ms: list[float] = field(default_factory=list)
+
+
+def _client(
+    url: str, prefix: str, tag: str, start: float, phases: list[tuple[float, int]], out: Any
+) -> None:
+    """Pop ``next_ids(BATCH)`` at each phase's rate (this process's share), paced from
+    ``start`` (wall clock, shared by the processes); late calls catch up at once."""
+    from leafpool.client import Client
+    from leafpool.config import load_settings
+    from leafpool.errors import LeafpoolError, PoolEmpty
+
+    client = Client(settings=load_settings(redis_url=url, key_prefix=prefix), policy="wait")
+    report = ClientReport()
+    t = start
+    for seconds, rate in phases:
+        end = t + seconds
+        if rate <= 0:
+            t = end
+            continue
+        interval = BATCH * CLIENTS / rate
+        while t < end:
+            now = time.time()
+            if t > now:
+                time.sleep(t - now)
+            t0 = time.perf_counter()
+            try:
+                report.ids += len(client.next_ids(tag, BATCH))
+            except PoolEmpty:
+                report.pool_empty += 1
+            except LeafpoolError:
+                report.errors += 1
+            ms = (time.perf_counter() - t0) * 1000
+            report.calls += 1
+            report.slow += ms > SLOW_MS
+            report.latencies_ms.append(ms)
+            t += interval
+    client.close()
+    out.put(report)
+
+
+@dataclass
+class BurstRow:
+    name: str
+    start: str
+    report: ClientReport
+    empty_hits: int
+    resize_s: float | None
+    target_after: int
+    allocations: int
+    step: int
+    burst_ids_per_s: float
+
+
+def _worker(env: dict[str, str], home: Path) -> subprocess.Popen[bytes]:
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers",
+        "worker",
+        "-B",
+        "-c",
+        "2",
+        "--loglevel=WARNING",
+        "-s",
+        str(home / "beat-schedule"),
+    ]
+    log = open(home / "worker.log", "ab")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(
+        argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
+    )
+
+
+def _burst_path(
+    name: str,
+    extra: dict[str, str],
+    steady: int,
+    index: int,
+    url: str,
+    db_url: str,
+    sizes: BurstSizes,
+) -> BurstRow:
+    prefix, tag = f"burst{index}", f"burst{index}"
+    store = SegmentStore.from_url(db_url)
+    store.init_schema()
+    with store.engine.begin() as conn:  # this path's tag alone: the last one's workers
+        conn.execute(text("DELETE FROM leaf_alloc"))  # are gone, its row is not needed
+    store.add_tag(tag, step=1000)
+    home = Path(tempfile.mkdtemp(prefix="leafpool-burst-"))
+    base = url.rsplit("/", 1)[0]
+    path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
+    env.update(
+        {
+            "LEAFPOOL_REDIS_URL": url,
+            "LEAFPOOL_BROKER_URL": f"{base}/{index + 1}",
+            "LEAFPOOL_DATABASE_URL": db_url,
+            "LEAFPOOL_KEY_PREFIX": prefix,
+            "LEAFPOOL_HOME": str(home),
+            "PYTHONPATH": os.pathsep.join(path),
+            **extra,
+        }
+    )
+    r = redis.Redis.from_url(url)
+    pool = Pool(r, prefix)
+    k = pool.tag(tag)
+    worker = _worker(env, home)
+    try:
+        servers.wait_until(
+            lambda: bool(r.hget(k.state, "refills")) and not r.exists(k.lock),
+            60,
+            f"{name}: first fill",
+        )
+        settle = int(r.llen(k.ids))
+        start = time.time() + 0.5
+        phases = [(sizes.warm_s + sizes.steady_s, steady), (sizes.burst_s, BURST_RATE)]
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        clients = [
+            ctx.Process(target=_client, args=(url, prefix, tag, start, phases, out))
+            for _ in range(CLIENTS)
+        ]
+        for p in clients:
+            p.start()
+        burst_at = start + sizes.warm_s + sizes.steady_s
+        while time.time() < burst_at:
+            time.sleep(0.01)
+        hits0 = int(r.hget(k.state, "empty_hits") or 0)
+        consumed0 = int(r.hget(k.state, "pushed_total") or 0) - int(r.llen(k.ids))
+        want = 0.9 * min(int(env.get("LEAFPOOL_POOL_CEILING", "1000000")), BURST_RATE * 30)
+        resize_s: float | None = None
+        while time.time() < burst_at + sizes.burst_s:
+            if resize_s is None and int(r.hget(k.state, "target") or 0) >= want:
+                resize_s = time.time() - burst_at
+            time.sleep(0.01)
+        consumed1 = int(r.hget(k.state, "pushed_total") or 0) - int(r.llen(k.ids))
+        total = ClientReport()
+        for _ in clients:
+            rep: ClientReport = out.get(timeout=120)
+            total.calls += rep.calls
+            total.ids += rep.ids
+            total.pool_empty += rep.pool_empty
+            total.errors += rep.errors
+            total.slow += rep.slow
+            total.latencies_ms += rep.latencies_ms
+        for p in clients:
+            p.join(30)
+        state = r.hgetall(k.state)
+        return BurstRow(
+            name,
+            f"{steady:,}/s" if steady else f"idle (pool {settle:,})",
+            total,
+            int(state.get(b"empty_hits", 0)) - hits0,
+            resize_s,
+            int(state.get(b"target", 0)),
+            int(state.get(b"allocations", 0)),
+            int(state.get(b"step", 0)),
+            (consumed1 - consumed0) / sizes.burst_s,
+        )
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        r.close()
+        store.engine.dispose()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def bursts(sizes: BurstSizes) -> list[BurstRow]:
+    rows = []
+    with servers.redis() as rs, servers.mariadb() as db:
+        index = 0
+        for steady in (STEADY_RATE, 0) if sizes.idle else (STEADY_RATE,):
+            for name, extra in PATHS:
+                rows.append(
+                    _burst_path(name, extra, steady, index, rs.extra["url"], db.extra["url"], sizes)
+                )
+                index += 1
+    return rows
+
+
+# -- the sweep and idle memory --------------------------------------------------------------
+
+
+def _redis_cpu_ms(r: redis.Redis) -> float:
+    info = r.info("cpu")
+    return 1000 * (
+        float(info["used_cpu_sys_main_thread"]) + float(info["used_cpu_user_main_thread"])
+    )
+
+
+def _idle_tags(r: redis.Redis, prefix: str, n: int, floor: int, mode: str) -> None:
+    """``n`` tags as a refill leaves an idle one: the floor in the list, a reserve range
+    (segment), a state hash with the refiller's fields."""
+    pool = Pool(r, prefix)
+    start = 1_000_000 if mode == "segment" else 7_000_000_000_000_000_000
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        k = pool.tag(f"t{i}")
+        lo = start + i * 100_000
+        pipe.sadd(pool.keys.tags, f"t{i}")
+        pipe.hset(
+            k.state,
+            mapping={
+                "mode": mode,
+                "created_ms": 1_763_000_000_000,
+                "table_step": 1000,
+                "step": 1000,
+                "max_id": lo + 3000,
+                "segment_ms": 1_763_000_000_000,
+                "rate": "0.000",
+                "rate_ts_ms": 1_763_000_000_000,
+                "rate_consumed": 0,
+                "target": floor,
+                "low_water": floor // 2,
+                "reserve_target": floor,
+                "reserve_due": 0,
+                "sizing_rate": "0.000",
+                "hwm": lo + floor - 1,
+                "pushed_total": floor,
+                "last_push_ms": 1_763_000_000_000,
+                "allocations": 3,
+                "refills": 1,
+                "last_refill_ms": 1_763_000_000_000,
+                "last_refill_result": "ok",
+                "redis_replid": "a" * 40,
+                "redis_node": "127.0.0.1:6379",
+            },
+        )
+        pipe.rpush(k.ids, *range(lo, lo + floor))
+        if mode == "segment":
+            pipe.rpush(k.reserve, f"{lo + floor}:{lo + 3000}")
+        if len(pipe) >= 400:
+            pipe.execute()
+    pipe.execute()
+
+
+@dataclass
+class Cost:
+    name: str
+    worker_ms: list[float] = field(default_factory=list)
+    redis_ms: list[float] = field(default_factory=list)
+
+    def add(self, r: redis.Redis, call: Any) -> None:
+        c0, w0 = _redis_cpu_ms(r), time.thread_time()
+        call()
+        self.worker_ms.append((time.thread_time() - w0) * 1000)
+        self.redis_ms.append(_redis_cpu_ms(r) - c0)
+
+
+def sweep_costs(n: int, rounds: int = 5) -> tuple[list[Cost], int]:
+    from leafpool.watch import DropWatcher
+
+    with servers.redis("--appendfsync", "everysec") as rs:
+        r = redis.Redis.from_url(rs.extra["url"])
+        _idle_tags(r, "leafpool", n, 200, "segment")
+        pool = Pool(r)
+        old, new = Cost("before: full snapshot of every tag"), Cost("now: level sweep")
+        for _ in range(rounds):  # interleaved
+            old.add(r, lambda: snapshot_sweep(pool, 30))
+            new.add(r, lambda: sweep(pool, 30))
+        full, dirty = (
+            Cost("now: drop watcher's full pass (on a (re)connect)"),
+            Cost("now: drop watcher, 100 tags touched since their last read"),
+        )
+        watcher = DropWatcher(pool, lambda due: None)
+        sub, reader = watcher._connect()
+        try:
+            tags = pool.tags()
+            for _ in range(rounds):
+                full.add(r, lambda: watcher._full_pass(reader))
+                touched = tags[:: max(1, n // 100)][:100]
+                dirty.add(
+                    r,
+                    lambda t=touched: watcher._decide(
+                        pool.tracked_levels(  # type: ignore[misc]
+                            reader, t
+                        ),
+                        set(),
+                    ),
+                )
+        finally:
+            sub.disconnect()
+            reader.disconnect()
+        r.close()
+    return [old, new, full, dirty], n
+
+
+def idle_memory(n: int) -> list[tuple[str, int, float]]:
+    """Redis memory of ``n`` idle tags (MB), by mode and floor."""
+    out = []
+    for mode in ("segment", "snowflake"):
+        for floor in (2000, 200):
+            with servers.redis("--appendfsync", "everysec") as rs:
+                r = redis.Redis.from_url(rs.extra["url"])
+                before = int(r.info("memory")["used_memory"])
+                _idle_tags(r, "leafpool", n, floor, mode)
+                used = int(r.info("memory")["used_memory"]) - before
+                r.close()
+            out.append((mode, floor, used / 1e6))
+    return out
+
+
+# -- what tells the watcher about a drop: tracking against keyspace notifications -----------
+
+POPPER = """
+import sys, time, redis
+r = redis.Redis.from_url(sys.argv[1]); key = sys.argv[2]
+rate, seconds = float(sys.argv[3]), float(sys.argv[4])
+t = start = time.time()
+while t < start + seconds:
+    now = time.time()
+    if t > now:
+        time.sleep(t - now)
+    pipe = r.pipeline(transaction=False)
+    for _ in range(100):
+        pipe.lpop(key)
+    pipe.execute()
+    t += 100 / rate
+"""
+
+
+def _thread_cpu_ms(thread: Any) -> float:
+    return 1000 * time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+@dataclass
+class Trigger:
+    name: str
+    messages_per_s: float
+    listener_cpu_ms_per_s: float
+    redis_cpu_ms_per_s: float
+
+
+def _listen(ps: Any, stop: Any, count: list[int]) -> None:
+    while not stop.is_set():
+        if ps.get_message(timeout=0.05):
+            count[0] += 1
+
+
+def triggers(seconds: float, pops_per_s: int = BURST_RATE) -> list[Trigger]:
+    """One tag popped at ``pops_per_s`` single LPOPs for ``seconds``: what listening for
+    its drops costs, by keyspace notifications (one message per pop) and by the drop
+    watcher (client tracking: one invalidation per read, read again every 10 ms)."""
+    import threading
+
+    from leafpool.watch import DropWatcher
+
+    out = []
+    with servers.redis("--appendfsync", "everysec") as rs:
+        url = rs.extra["url"]
+        r = redis.Redis.from_url(url)
+        pool = Pool(r)
+        k = pool.tag("hot")
+        for mode in ("pops alone", "keyspace notifications", "drop watcher (tracking)"):
+            r.delete(k.ids)
+            n = int(pops_per_s * seconds) + 10_000
+            for lo in range(0, n, 10_000):
+                r.rpush(k.ids, *range(lo + 1, lo + 10_001))
+            pool.register("hot", "segment", 0, low_water=1, target=n, pushed_total=n)
+            count = [0]
+            stop = threading.Event()
+            listener: Any = None
+            watcher = None
+            if mode == "keyspace notifications":
+                r.config_set("notify-keyspace-events", "Kl")
+                ps = redis.Redis.from_url(url, protocol=2).pubsub(  # type: ignore[no-untyped-call]
+                    ignore_subscribe_messages=True
+                )
+                ps.subscribe(f"__keyspace@0__:{k.ids}")
+                listener = threading.Thread(target=_listen, args=(ps, stop, count), daemon=True)
+                listener.start()
+            elif mode == "drop watcher (tracking)":
+                watcher = DropWatcher(pool, lambda due: None).start()
+                watcher.ready.wait(10)
+                listener = watcher._thread
+            cpu0 = _thread_cpu_ms(listener) if listener else 0.0
+            redis0 = _redis_cpu_ms(r)
+            t0 = time.monotonic()
+            subprocess.run(
+                [sys.executable, "-c", POPPER, url, k.ids, str(pops_per_s), str(seconds)],
+                check=True,
+                preexec_fn=die_with_parent(),
+            )
+            elapsed = time.monotonic() - t0
+            redis_ms = _redis_cpu_ms(r) - redis0
+            cpu = (_thread_cpu_ms(listener) - cpu0) if listener else 0.0
+            if watcher is not None:
+                count[0] = watcher.stats.invalidations
+                watcher.stop()
+            stop.set()
+            if mode == "keyspace notifications":
+                listener.join(5)
+                ps.close()
+                r.config_set("notify-keyspace-events", "")
+            out.append(Trigger(mode, count[0] / elapsed, cpu / elapsed, redis_ms / elapsed))
+        r.close()
+    return out
+
+
+# -- tables -----------------------------------------------------------------------------------
+
+
+def _ms(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def main(console: Console, sizes: BurstSizes) -> None:
+    rows = bursts(sizes)
+    table = Table(
+        title=f"Bursts to {BURST_RATE:,} IDs/s on one tag ({CLIENTS} client "
+        f"processes, next_ids({BATCH}), policy wait; MariaDB, table step "
+        f"1,000; {sizes.burst_s:g} s of burst)",
+        caption=CAPTION,
+    )
+    for col in (
+        "path",
+        "from",
+        "PoolEmpty",
+        "longest pop ms",
+        f"pops > {SLOW_MS:g} ms",
+        "p99 ms",
+        "empty hits",
+        "resized after s",
+        "target after",
+        "IDs/s served in burst",
+        "allocations",
+        "step after",
+    ):
+        table.add_column(col, justify="left" if col in ("path", "from") else "right")
+    for row in rows:
+        rep = row.report
+        lat = sorted(rep.latencies_ms) or [0.0]
+        table.add_row(
+            row.name,
+            row.start,
+            str(rep.pool_empty),
+            f"{lat[-1]:.1f}",
+            str(rep.slow),
+            f"{lat[int(0.99 * (len(lat) - 1))]:.2f}",
+            str(row.empty_hits),
+            "-" if row.resize_s is None else f"{row.resize_s:.2f}",
+            f"{row.target_after:,}",
+            f"{row.burst_ids_per_s:,.0f}",
+            str(row.allocations),
+            f"{row.step:,}",
+        )
+    console.print(table)
+
+    trig = Table(
+        title=f"Hearing the drops of one tag popped {BURST_RATE:,} times a second "
+        f"(single LPOPs, {sizes.trigger_s:g} s)"
+    )
+    for col in ("how", "messages/s", "listener CPU ms/s", "Redis CPU ms/s"):
+        trig.add_column(col, justify="left" if col == "how" else "right")
+    for t in triggers(sizes.trigger_s):
+        trig.add_row(
+            t.name,
+            f"{t.messages_per_s:,.0f}",
+            f"{t.listener_cpu_ms_per_s:.1f}",
+            f"{t.redis_cpu_ms_per_s:.0f}",
+        )
+    console.print(trig)
+
+    costs, n = sweep_costs(sizes.tags)
+    sw = Table(
+        title=f"One sweep of {n:,} tags (median of 5, interleaved; worker = the "
+        "sweeping thread's CPU, Redis = main thread CPU from INFO)"
+    )
+    for col in ("what", "worker ms", "Redis ms", "worker vs before", "Redis vs before"):
+        sw.add_column(col, justify="left" if col == "what" else "right")
+    base = costs[0]
+    for c in costs:
+        sw.add_row(
+            c.name,
+            f"{_ms(c.worker_ms):.1f}",
+            f"{_ms(c.redis_ms):.1f}",
+            f"{_ms(c.worker_ms) / _ms(base.worker_ms):.2f}x",
+            f"{_ms(c.redis_ms) / max(_ms(base.redis_ms), 1e-9):.2f}x",
+        )
+    console.print(sw)
+
+    mem = Table(title=f"Redis memory of {sizes.tags:,} idle tags at the floor")
+    for col in ("mode", "floor", "MB", "bytes per tag"):
+        mem.add_column(col, justify="left" if col == "mode" else "right")
+    for mode, floor, mb in idle_memory(sizes.tags):
+        mem.add_row(mode, f"{floor:,}", f"{mb:.1f}", f"{mb * 1e6 / sizes.tags:,.0f}")
+    console.print(mem)
