@@ -28,7 +28,6 @@ from leafpool.pool_common import (
     ids_from,
     level_commands,
     level_from,
-    queue_level,
     queue_snapshot,
     queue_want,
     register_scripts,
@@ -48,7 +47,7 @@ LEVEL_CHUNK = 1000
 def _on(conn: Any, commands: Sequence[tuple[str, ...]], what: str) -> list[Any]:
     """Send ``commands`` on one raw connection (pipelined) and read their replies."""
     try:
-        conn.send_packed_command(conn.pack_commands(commands))
+        conn.send_packed_command([pack(commands)])
         return [conn.read_response() for _ in commands]
     except redis.RedisError as exc:
         raise wrap(exc, what) from exc
@@ -441,19 +440,13 @@ class Pool:
     # -- levels: the sweep and the drop watcher (docs/design.md §3.7) ----------------------
 
     def levels(self, tags: Sequence[str], with_lock: bool = False) -> list[Level]:
-        """Each tag's :class:`Level` (list length and four state fields), pipelined in
-        chunks of :data:`LEVEL_CHUNK` tags: what the sweep reads instead of snapshots."""
-        out: list[Level] = []
-        with redis_errors("levels"):
-            for lo in range(0, len(tags), LEVEL_CHUNK):
-                chunk = tags[lo:lo + LEVEL_CHUNK]
-                pipe = self.redis.pipeline(transaction=False)
-                n = 0
-                for tag in chunk:
-                    n = queue_level(pipe, self.tag(tag), with_lock)
-                raw = pipe.execute()
-                out += [level_from(tag, raw[n * i:n * i + n]) for i, tag in enumerate(chunk)]
-        return out
+        """Each tag's :class:`Level` (list length and four state fields): what the sweep
+        reads instead of snapshots, two commands a tag, packed in chunks
+        (:meth:`_pipelined`)."""
+        n = 3 if with_lock else 2
+        raw = self._pipelined("levels", tags,
+                              lambda tag: level_commands(self.tag(tag), with_lock))
+        return [level_from(tag, raw[n * i:n * i + n]) for i, tag in enumerate(tags)]
 
     def locks_held(self, tags: Sequence[str]) -> list[bool]:
         """Whether each tag's refill lock is held (a refill is running), in one round trip."""

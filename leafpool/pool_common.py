@@ -192,17 +192,9 @@ class Level:
         return self.reserve_due and self.mode == "segment"
 
 
-def queue_level(pipe: Any, k: TagKeys, with_lock: bool = False) -> int:
-    """Queue the reads of one :class:`Level`; returns how many replies they give."""
-    pipe.llen(k.ids)
-    pipe.hmget(k.state, LEVEL_FIELDS)
-    if with_lock:
-        pipe.exists(k.lock)
-    return 3 if with_lock else 2
-
-
 def level_commands(k: TagKeys, with_lock: bool = False) -> list[tuple[str, ...]]:
-    """The same reads as :func:`queue_level`, as raw commands (for a tracked connection)."""
+    """The reads of one :class:`Level`, as raw commands (packed by the sweep, sent on
+    the drop watcher's tracked connection)."""
     out = [("LLEN", k.ids), ("HMGET", k.state, *LEVEL_FIELDS)]
     if with_lock:
         out.append(("EXISTS", k.lock))
