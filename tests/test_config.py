@@ -233,3 +233,30 @@ def test_celery_app_refuses_to_load_naming_the_variable() -> None:
     output = done.stdout + done.stderr
     assert "Unable to load celery application" in output
     assert "ConfigurationError: LEAFPOOL_EMPTY_WAIT_SECONDS='inf' is not valid" in output
+
+
+# -- the drop watcher and burst sizing (docs/design.md §3.2, §3.7) ------------------------------
+
+@pytest.mark.parametrize("name,value", [
+    ("LEAFPOOL_WATCH", "sometimes"),
+    ("LEAFPOOL_WATCH_INTERVAL_MS", "0"),
+    ("LEAFPOOL_WATCH_INTERVAL_MS", "5000"),
+    ("LEAFPOOL_WATCH_SWEEP_SECONDS", "0"),
+    ("LEAFPOOL_WATCH_SWEEP_SECONDS", "inf"),
+    ("LEAFPOOL_BURST_SIZING", "maybe"),
+    ("LEAFPOOL_POOL_FLOOR", "0"),
+])
+def test_a_malformed_watch_or_sizing_setting_is_named_with_its_value(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError) as info:
+        load_settings()
+    assert info.value.field == name
+    assert f"{name}={value!r}" in str(info.value)
+
+
+def test_watch_and_sizing_defaults() -> None:
+    s = load_settings()
+    assert (s.watch, s.burst_sizing, s.pool_floor) == (True, True, 200)
+    assert (s.watch_interval_ms, s.watch_sweep_seconds, s.sweep_seconds) == (10, 30.0, 1.0)
