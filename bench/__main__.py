@@ -61,7 +61,7 @@ FULL = Sizes()
 QUICK = Sizes(single=5_000, batch=1_000, repl_single=1_000, repl_batch=300, repl_rounds=3)
 SMOKE = Sizes(single=200, batch=20, refill=2_000, fill=1_000, settle_s=3.0, memory=10_000,
               redis_requests=1_000, snowflake_rounds=1, snowflake_round_s=0.01,
-              http=["--duration", "0.3", "--batch", "10", "--connections", "4"],
+              http=["--duration", "0.3", "--batch", "10", "--connections", "4", "--rounds", "1"],
               repl_single=30, repl_batch=5, repl_rounds=1)
 
 
@@ -90,6 +90,13 @@ def burst_section(sizes: Sizes, size: str) -> None:
                      .get(size, burst_bench.FULL))
 
 
+def tags_section(size: str) -> None:
+    from bench import tags_bench
+
+    tags_bench.main(console, {"smoke": tags_bench.SMOKE, "quick": tags_bench.QUICK}
+                    .get(size, tags_bench.FULL))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     size = parser.add_mutually_exclusive_group()
@@ -98,7 +105,7 @@ def main() -> None:
                       help="every section with tiny sizes, in seconds: proves the benchmarks "
                            "run; the figures mean nothing")
     parser.add_argument("--only", choices=["", "pools", "replication", "snowflake", "http",
-                                           "burst"],
+                                           "burst", "tags"],
                         default="", help="one section")
     args = parser.parse_args()
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
@@ -107,6 +114,9 @@ def main() -> None:
     size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
     if args.only == "burst":
         burst_section(sizes, size_name)
+        return
+    if args.only == "tags":
+        tags_section(size_name)
         return
     if args.only in sections:
         sections[args.only](sizes)
@@ -197,6 +207,7 @@ def main() -> None:
         snowflake_section(sizes)
         http_section(sizes)
         burst_section(sizes, size_name)
+        tags_section(size_name)
     console.print(f"total {time.monotonic() - started:.0f} s")
 
 

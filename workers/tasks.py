@@ -64,6 +64,12 @@ def sweep() -> dict[str, object]:
     return {"queued": queued}
 
 
+# The first fill of thousands of new tags is a backlog of batch tasks; a live tag's
+# refill (queued by the sweep or the drop watcher) must not wait behind it. Redis
+# transport: priority 0 (the default) is taken before 9 (kombu's priority steps).
+FIRST_FILL_PRIORITY = 9
+
+
 @app.task(name="leafpool.refill_segments")
 def refill_segments(tags: list[str], force: bool = False) -> dict[str, object]:
     """Refill a batch of segment tags (the tag sync's first fill), a few at once; each
@@ -101,5 +107,5 @@ def sync_tags() -> dict[str, object]:
         rt.pool.mark_queued_many(tags, rt.settings.visibility_timeout)
         batch = refill_snowflakes if mode == "snowflake" else refill_segments
         for lo in range(0, len(tags), size):
-            batch.delay(tags[lo:lo + size])
+            batch.apply_async((tags[lo:lo + size],), priority=FIRST_FILL_PRIORITY)
     return result.as_dict()
