@@ -134,8 +134,12 @@ class Refiller(ABC):
         log.log(level, "%s: refill failed: %s", tag, exc)
         with contextlib.suppress(BackendUnavailable):  # Redis down: the exception says so
             # reserve_due: a failed refill may have left the reserve short; the sweep
-            # queues the tag again (the next refill that tops it up clears the flag)
-            self.pool.record(
+            # queues the tag again (the next refill that tops it up clears the flag).
+            # Until then the queued marker holds the triggers off for the longest retry
+            # backoff (Celery retries this refill meanwhile): without it the drop watcher
+            # would queue a refill against a database that is down as fast as each fails
+            # (set while the lock is held, so the watcher hears the release after it)
+            registered = self.pool.record(
                 tag,
                 counts={"refill_failures": 1},
                 last_error=str(exc),
@@ -144,6 +148,9 @@ class Refiller(ABC):
                 last_refill_ms=self._now_ms(),
                 last_refill_result=f"failed: {type(exc).__name__}",
             )
+            if registered:  # a dropped tag gets no stray key
+                hold = max(1, math.ceil(self.settings.refill_retry_backoff_max))
+                self.pool.mark_queued(tag, hold)
 
     def _measure(self, snap: Snapshot, pool_seconds: float) -> Measure:
         """Smooth the consumption rate and record it with the targets."""

@@ -311,3 +311,6 @@ def test_the_refill_records_whether_it_left_the_reserve_short(
     with pytest.raises(BackendUnavailable):
         SegmentRefiller(pool, dead, settings, wall=clock).refill("order")
     assert pool.snapshot("order").state["reserve_due"] == "1"  # the sweep queues it again
+    # ... once the retries' backoff is over: until then no trigger queues another refill
+    ttl = pool.redis.ttl("leafpool:{order}:queued")
+    assert 0 < ttl <= settings.refill_retry_backoff_max
