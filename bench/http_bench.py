@@ -20,23 +20,29 @@ import math
 import os
 import platform
 import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 from rich.console import Console
 from rich.table import Table
+from starlette.applications import Starlette
 
 from bench import servers
 from bench.servers import free_port, wait_until
 from leafpool.children import die_with_parent
 from leafpool.pool import Pool
 
-console = Console(width=150)
+console = Console(width=170)
+ROOT = Path(__file__).resolve().parent.parent  # the servers import bench.http_bench
 TAG = "bench"
 LEAF_QPS, LEAF_CORES, LEAF_TP999_MS = 50_000, 4, 1.0
 WRK_SCRIPT = """
@@ -97,15 +103,58 @@ def fill(url: str, ids: int) -> None:
     client.close()
 
 
-def start_app(redis_url: str, home: Path) -> tuple[subprocess.Popen[bytes], str]:
+#: the ASGI servers compared, each serving the same app factory in one worker process;
+#: the command line that starts one on a port
+SERVERS: dict[str, Callable[[int, str], list[str]]] = {
+    "uvicorn": lambda port, factory: [
+        sys.executable, "-m", "uvicorn", "--factory", factory,
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+        "--log-level", "warning"],
+    "granian": lambda port, factory: [
+        sys.executable, "-m", "granian", "--interface", "asgi", "--factory", factory,
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--loop", "uvloop",
+        "--no-ws", "--log-level", "warning"],
+}
+
+
+def app_before() -> Starlette:
+    """The request path before issue 10, for the comparison (bench only): the app
+    without the lean path in front of Starlette's router (run it with
+    LEAFPOOL_HTTP_COALESCE_MAX=0: one LPOP per request)."""
+    from leafpool.http import app_from_env
+
+    app = app_from_env()
+    app.user_middleware.clear()  # Starlette builds its stack at the first request
+    return app
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its descendants (granian serves from a child)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += cpu_seconds(p)
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+def start_app(config: Config, redis_url: str,
+              home: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The app as ``config`` says, under its server."""
     port = free_port()
     env = {**os.environ, "LEAFPOOL_REDIS_URL": redis_url, "LEAFPOOL_HOME": str(home),
            "LEAFPOOL_DATABASE_URL": f"sqlite:///{home / 'leafpool.sqlite3'}",
            "LEAFPOOL_HTTP_MAX_COUNT": "1000"}
-    argv = [sys.executable, "-m", "uvicorn", "--factory", "leafpool.http:app_from_env",
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-            "--no-access-log", "--log-level", "warning"]
-    proc = subprocess.Popen(argv, env=env, start_new_session=True,
+    if not config.coalesce:
+        env["LEAFPOOL_HTTP_COALESCE_MAX"] = "0"
+    factory = "leafpool.http:app_from_env" if config.lean else "bench.http_bench:app_before"
+    proc = subprocess.Popen(SERVERS[config.server](port, factory), env=env,
+                            start_new_session=True, cwd=ROOT,
                             preexec_fn=die_with_parent())
     base = f"http://127.0.0.1:{port}"
 
@@ -114,9 +163,18 @@ def start_app(redis_url: str, home: Path) -> tuple[subprocess.Popen[bytes], str]
         with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
             return bool(resp.status == 200)
 
-    # bounded polling: uvicorn says nothing to a parent process when it starts serving
-    wait_until(ready, 30, "uvicorn")
+    # bounded polling: the servers say nothing to a parent process when they serve
+    wait_until(ready, 30, config.server)
     return proc, base
+
+
+def stop_app(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)  # the server's session: granian's worker too
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def run_wrk(url: str, duration: float, connections: int, threads: int) -> dict[str, int]:
@@ -171,86 +229,175 @@ async def _python_load(url: str, duration: float, connections: int) -> dict[str,
 
 def measure(name: str, url: str, ids_per_request: int, loadgen: str, duration: float,
             connections: int, server_pid: int, redis_pid: int) -> Run:
-    cpu0, rcpu0 = cpu_seconds(server_pid), cpu_seconds(redis_pid)
+    cpu0, rcpu0 = tree_cpu_seconds(server_pid), cpu_seconds(redis_pid)
     if loadgen == "wrk":
         raw = run_wrk(url, duration, connections, threads=1)
     else:
         raw = asyncio.run(_python_load(url, duration, connections))
     return Run(name, ids_per_request, raw["requests"], raw["duration_us"] / 1e6,
                raw["p50_us"] / 1000, raw["p99_us"] / 1000, raw["p999_us"] / 1000,
-               raw["non2xx"] + raw["socket_errors"], cpu_seconds(server_pid) - cpu0,
+               raw["non2xx"] + raw["socket_errors"], tree_cpu_seconds(server_pid) - cpu0,
                cpu_seconds(redis_pid) - rcpu0)
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # tests/test_bench_imports.py blocks what the extra lacks
+        return False
+
+
+def median_run(runs: list[Run]) -> Run:
+    """One case over its rounds: the round with the median req/s per core, with each
+    latency percentile the median of the rounds' (failures summed)."""
+    mid = sorted(runs, key=lambda r: r.rps_per_core)[len(runs) // 2]
+    med = statistics.median
+    return Run(mid.name, mid.ids_per_request, mid.requests, mid.seconds,
+               med(r.p50_ms for r in runs), med(r.p99_ms for r in runs),
+               med(r.p999_ms for r in runs), sum(r.failed for r in runs), mid.server_cpu_s,
+               mid.redis_cpu_s)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One server process: which ASGI server, whether the bare single-ID request takes
+    the lean path (leafpool/http/fast.py) or Starlette's router, and whether
+    single-ID requests share pops (leafpool/coalesce.py)."""
+
+    server: str
+    lean: bool = True
+    coalesce: bool = True
+
+    @property
+    def label(self) -> str:
+        if not self.lean and not self.coalesce:
+            return f"{self.server} before"
+        return (f"{self.server} {'lean' if self.lean else 'router'}"
+                f"{' + coalesced' if self.coalesce else ''}")
+
+
+BASELINE = Config("uvicorn", lean=False, coalesce=False)  # the path before issue 10
+
+
+def _config(case: Run) -> str:
+    return case.name.split(" | ")[0]
+
+
 def table(runs: list[Run], loadgen: str, fsync: str) -> Table:
-    t = Table(title=f"HTTP service, uvicorn 1 worker process, load: {loadgen}; Redis "
-                    f"appendfsync {fsync}; per core = per CPU second of the uvicorn process")
-    for col in ("case", "req/s", "IDs/s", "p50 ms", "p99 ms", "p999 ms", "failed",
-                "server CPU", "req/s per core", "IDs/s per core", "vs Leaf per core"):
-        t.add_column(col, justify="left" if col == "case" else "right")
+    t = Table(title=f"HTTP service, 1 worker process per server, load: {loadgen}; Redis "
+                    f"appendfsync {fsync}. before: Starlette's router, one LPOP per request "
+                    "(the path before issue 10); lean: the single-ID request answered in "
+                    "front of the router; coalesced: concurrent requests share one LPOP. "
+                    "Per core: per CPU second of the server's processes; vs before: req/s "
+                    "per core against uvicorn before at the same connections")
+    for col in ("server, path", "case", "req/s", "IDs/s", "p50 ms", "p99 ms", "p999 ms",
+                "failed", "server CPU", "Redis CPU", "req/s per core", "vs before",
+                "vs Leaf per core"):
+        t.add_column(col, justify="left" if col in ("server, path", "case") else "right")
     leaf_per_core = LEAF_QPS / LEAF_CORES
+    before = {r.name.split(" | ")[1]: r for r in runs if _config(r) == BASELINE.label}
     for r in runs:
-        t.add_row(r.name, f"{r.rps:,.0f}", f"{r.ids_per_s:,.0f}", f"{r.p50_ms:.2f}",
+        config, case = r.name.split(" | ")
+        base = before.get(case)
+        ratio = f"{r.rps_per_core / base.rps_per_core:.2f}x" if base else "-"
+        t.add_row(config, case, f"{r.rps:,.0f}", f"{r.ids_per_s:,.0f}", f"{r.p50_ms:.2f}",
                   f"{r.p99_ms:.2f}", f"{r.p999_ms:.2f}", f"{r.failed:,}",
-                  f"{r.server_cpu_s / r.seconds:.0%}", f"{r.rps_per_core:,.0f}",
-                  f"{r.rps_per_core * r.ids_per_request:,.0f}",
+                  f"{r.server_cpu_s / r.seconds:.0%}", f"{r.redis_cpu_s / r.seconds:.0%}",
+                  f"{r.rps_per_core:,.0f}", ratio,
                   f"{r.rps_per_core * r.ids_per_request / leaf_per_core:.2f}x")
-    t.add_row("Leaf (published): segment, 4 cores", f"{LEAF_QPS:,}", f"{LEAF_QPS:,}", "-", "-",
-              f"{LEAF_TP999_MS:.2f}", "-", f"{LEAF_CORES} cores", f"{leaf_per_core:,.0f}",
-              f"{leaf_per_core:,.0f}", "1.00x")
+    t.add_row("Leaf (published)", "segment, 4 cores", f"{LEAF_QPS:,}", f"{LEAF_QPS:,}", "-",
+              "-", f"{LEAF_TP999_MS:.2f}", "-", f"{LEAF_CORES} cores", "-",
+              f"{leaf_per_core:,.0f}", "-", "1.00x")
+    return t
+
+
+def targets(runs: list[Run], default: Config, connections: int) -> Table:
+    """Issue 10's targets for the shipped default (``leafpool serve``)."""
+    t = Table(title=f"Targets: the default ({default.label}) against Leaf per core")
+    for col in ("what", "measured", "target", "met"):
+        t.add_column(col)
+    by = {r.name: r for r in runs}
+    wide = by.get(f"{default.label} | single ID, {connections} conns")
+    narrow = by.get(f"{default.label} | single ID, 4 conns")
+    per_core = LEAF_QPS / LEAF_CORES
+    if wide:
+        t.add_row(f"req/s per server core, {connections} connections",
+                  f"{wide.rps_per_core:,.0f}", f">= {per_core:,.0f}",
+                  "yes" if wide.rps_per_core >= per_core else "NO")
+    if narrow:
+        t.add_row("p99 at 4 connections", f"{narrow.p99_ms:.2f} ms",
+                  f"<= {LEAF_TP999_MS:g} ms", "yes" if narrow.p99_ms <= LEAF_TP999_MS else "NO")
     return t
 
 
 def main(argv: list[str] | None = None) -> None:
+    from leafpool.http.app import DEFAULT_SERVER
+
     parser = argparse.ArgumentParser(prog="python -m bench.http_bench")
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per case")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--batch", type=int, default=100, help="IDs per batch request")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds; the table shows each case's median")
     parser.add_argument("--loadgen", choices=["auto", "wrk", "python"], default="auto")
     parser.add_argument("--fsync", choices=["always", "everysec"], default="always",
                         help="Redis appendfsync (the shipped config: always)")
+    installed = [n for n in SERVERS if _installed(n)]
+    parser.add_argument("--servers", default=",".join(installed),
+                        help=f"ASGI servers to compare (of {', '.join(SERVERS)})")
     args = parser.parse_args(argv)
     loadgen = args.loadgen
     if loadgen == "auto":
         loadgen = "wrk" if shutil.which("wrk") else "python"
-    impl = ", ".join(f"{m}: {'yes' if importlib.util.find_spec(m) else 'no'}"
-                     for m in ("uvloop", "httptools"))
+    names = [n for n in args.servers.split(",") if n]
+    unknown = [n for n in names if n not in SERVERS]
+    if unknown:
+        parser.error(f"--servers: unknown {', '.join(unknown)} (known: {', '.join(SERVERS)})")
+    impl = ", ".join(f"{m}: {'yes' if _installed(m) else 'no'}"
+                     for m in ("uvloop", "httptools", "granian"))
     console.print(f"leafpool HTTP benchmark on {platform.node()} ({os.cpu_count()} cores, "
                   f"Python {platform.python_version()}; {impl}; load generator {loadgen})")
     if loadgen == "python":
         console.print("[yellow]wrk not installed: the Python load generator shares the "
                       "cores and limits the figures (apt-get install wrk)[/yellow]")
+    default = Config(DEFAULT_SERVER)
+    configs = [BASELINE, Config(BASELINE.server, coalesce=False),
+               *(Config(n) for n in [DEFAULT_SERVER, *names])]
+    configs = [c for c in dict.fromkeys(configs) if c.server in names]
 
     # enough IDs that no case runs the pool dry (the table reports any failed request)
-    single_ids = int(40_000 * args.duration * 2)
-    batch_ids = int(15_000 * args.batch * args.duration)
+    cases = len(configs) * 2 * args.rounds
+    single_ids = int(60_000 * max(args.duration, 1.0) * cases)
+    batch_ids = int(15_000 * args.batch * max(args.duration, 1.0) * 2 * args.rounds)
+    rounds: dict[str, list[Run]] = {}
     with servers.redis("--appendfsync", args.fsync) as server, \
-            tempfile.TemporaryDirectory() as home:
+            tempfile.TemporaryDirectory() as home, ExitStack() as stack:
         assert server.proc is not None
+        rpid = server.proc.pid
         fill(server.extra["url"], single_ids + batch_ids)
-        proc, base = start_app(server.extra["url"], Path(home))
-        try:
-            single = f"{base}/api/segment/get/{TAG}"
-            batch = f"{base}/api/segment/get/{TAG}?count={args.batch}"
+        apps = {}
+        for config in configs:  # every server up at once; an idle one costs nothing
+            proc, base = start_app(config, server.extra["url"], Path(home))
+            stack.callback(stop_app, proc)
+            apps[config] = proc, base
             # warm-up: connections, the tag's mode cache, the allocator
-            measure("warm-up", single, 1, loadgen, min(1.0, args.duration), args.connections,
-                    proc.pid, server.proc.pid)
-            runs = [
-                measure(f"single ID: GET /api/segment/get/{{tag}}, {args.connections} conns",
-                        single, 1, loadgen, args.duration, args.connections, proc.pid,
-                        server.proc.pid),
-                measure("single ID, 4 connections (shallow queue)", single, 1,
-                        loadgen, args.duration, 4, proc.pid, server.proc.pid),
-                measure(f"batch: ?count={args.batch}, {args.connections} conns", batch,
-                        args.batch, loadgen,
-                        args.duration, args.connections, proc.pid, server.proc.pid),
-            ]
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            measure("warm-up", f"{base}/api/segment/get/{TAG}", 1, loadgen,
+                    min(1.0, args.duration), args.connections, proc.pid, rpid)
+        for _ in range(args.rounds):  # interleaved: each round sees the same machine
+            for config, (proc, base) in apps.items():
+                single = f"{base}/api/segment/get/{TAG}"
+                for conns in (args.connections, 4):
+                    name = f"{config.label} | single ID, {conns} conns"
+                    rounds.setdefault(name, []).append(measure(
+                        name, single, 1, loadgen, args.duration, conns, proc.pid, rpid))
+                if config in (BASELINE, default):
+                    name = f"{config.label} | batch ?count={args.batch}, {args.connections} conns"
+                    rounds.setdefault(name, []).append(measure(
+                        name, f"{single}?count={args.batch}", args.batch, loadgen,
+                        args.duration, args.connections, proc.pid, rpid))
+    runs = [median_run(rs) for rs in rounds.values()]
     console.print(table(runs, loadgen, args.fsync))
-    for r in runs:
-        console.print(f"{r.name}: Redis used {r.redis_cpu_s / r.seconds:.0%} of a core")
+    console.print(targets(runs, default, args.connections))
     if any(r.failed for r in runs):
         console.print("[red]some requests failed (non-2xx or socket errors): see 'failed'[/red]")
 

@@ -24,7 +24,7 @@ import redis
 import redis.asyncio as aioredis
 
 from leafpool import scripts
-from leafpool.coalesce import Coalescer
+from leafpool.coalesce import IN_FLIGHT, Coalescer
 from leafpool.config import Settings, get_settings
 from leafpool.errors import InvalidArgument, PoolEmpty, ReplicasBehind, UnknownTag
 from leafpool.pool import Pool
@@ -250,10 +250,11 @@ class AsyncClient(_Base):
 
     _coalescer: Coalescer | None = None
 
-    def coalesce(self, max_batch: int) -> None:
+    def coalesce(self, max_batch: int, in_flight: int = IN_FLIGHT) -> None:
         """Let :meth:`next_id_coalesced` share one ``LPOP tag n`` among up to
-        ``max_batch`` concurrent callers of one tag."""
-        self._coalescer = Coalescer(self.pool.pop_many, max_batch)
+        ``max_batch`` concurrent callers of one tag, ``in_flight`` such pops of a tag at
+        a time."""
+        self._coalescer = Coalescer(self.pool.pop_many, max_batch, in_flight)
 
     async def next_id_coalesced(self, tag: str) -> int:
         """:meth:`next_id`, its pop shared with the concurrent callers of ``tag``: the ID

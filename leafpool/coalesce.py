@@ -1,9 +1,10 @@
 """Coalesced single-ID pops (asyncio): concurrent takes of one tag share one
 ``LPOP tag n`` (docs/design.md §1.1).
 
-A take that finds no pop of its tag in flight pops at once, for itself alone. Takes that
-arrive while a pop is in flight queue up; when it completes, the next pop takes as many
-IDs as takes are queued (at most ``max_batch``) and hands them out in arrival order.
+A take that finds fewer than ``in_flight`` pops of its tag under way (and none queued)
+pops at once, for itself alone. Takes that arrive while that many pops are in flight
+queue up; when one completes, the next pop takes as many IDs as takes are queued (at
+most ``max_batch``) and hands them out in arrival order.
 So every take gets its ID from a pop issued after it arrived, and a take that starts
 after another take's result has arrived gets a larger ID (G2 across every client),
 exactly as with one pop per take. Nothing is kept for later takes: surplus IDs popped
@@ -19,33 +20,38 @@ another take.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-log = logging.getLogger(__name__)
+from leafpool.errors import InvalidArgument
 
+IN_FLIGHT = 4  # pops of one tag under way at once, by default
 PopMany = Callable[[str, int], Awaitable[list[int]]]
 
 
 class _TagQueue:
-    """One tag's takes waiting for the next pop, and whether a pop is in flight."""
+    """One tag's takes waiting for a pop, and how many of its pops are in flight."""
 
-    __slots__ = ("busy", "waiters")
+    __slots__ = ("in_flight", "waiters")
 
     def __init__(self) -> None:
-        self.busy = False
+        self.in_flight = 0
         self.waiters: deque[asyncio.Future[int | None]] = deque()
 
 
 class Coalescer:
-    """Shares ``pop_many(tag, n)`` among the concurrent :meth:`take` calls of one tag."""
+    """Shares ``pop_many(tag, n)`` among the concurrent :meth:`take` calls of one tag:
+    at most ``in_flight`` pops of a tag at a time (a take arriving while fewer are in
+    flight and none is queued pops at once, so a lightly loaded service waits for no
+    one), each for at most ``max_batch`` takes."""
 
-    def __init__(self, pop_many: PopMany, max_batch: int) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be at least 1, not {max_batch}")
+    def __init__(self, pop_many: PopMany, max_batch: int, in_flight: int = IN_FLIGHT) -> None:
+        for name, value in (("max_batch", max_batch), ("in_flight", in_flight)):
+            if value < 1:
+                raise InvalidArgument(name, value, "an integer >= 1")
         self._pop_many = pop_many
         self.max_batch = max_batch
+        self.in_flight = in_flight
         self._tags: dict[str, _TagQueue] = {}
         self._drivers: set[asyncio.Task[None]] = set()  # referenced while they run
 
@@ -55,25 +61,31 @@ class Coalescer:
         q = self._tags.get(tag)
         if q is None:
             q = self._tags[tag] = _TagQueue()
-        if not q.busy:  # nothing in flight: pop now, for this take alone
-            q.busy = True
+        if q.in_flight < self.in_flight and not q.waiters:  # pop now, for this take alone
+            q.in_flight += 1
             try:
                 got = await self._pop_many(tag, 1)
             finally:  # also when cancelled: the queued takes must not be stranded
-                self._next(tag, q)
+                q.in_flight -= 1
+                self._serve(tag, q)
             return got[0] if got else None
         waiter: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         q.waiters.append(waiter)
         return await waiter
 
-    def _next(self, tag: str, q: _TagQueue) -> None:
-        """After a pop: serve the queued takes in a task of their own, or go idle."""
+    def _serve(self, tag: str, q: _TagQueue) -> None:
+        """After a pop: pop for the queued takes in tasks of their own (while fewer than
+        ``in_flight`` pops are under way); forget the tag once idle."""
         if not q.waiters:
-            q.busy = False
+            if q.in_flight == 0 and self._tags.get(tag) is q:
+                del self._tags[tag]
             return
-        task = asyncio.get_running_loop().create_task(self._drive(tag, q))
-        self._drivers.add(task)
-        task.add_done_callback(self._drivers.discard)
+        loop = asyncio.get_running_loop()
+        while q.waiters and q.in_flight < self.in_flight:
+            q.in_flight += 1
+            task = loop.create_task(self._drive(tag, q))
+            self._drivers.add(task)
+            task.add_done_callback(self._drivers.discard)
 
     async def _drive(self, tag: str, q: _TagQueue) -> None:
         """Pop for the queued takes, batch after batch, until none is left."""
@@ -101,8 +113,10 @@ class Coalescer:
                     if not waiter.done():  # else cancelled meanwhile: its ID is a gap
                         waiter.set_result(got[i] if i < len(got) else None)
         finally:
-            q.busy = False
-            for waiter in q.waiters:  # only when the driver itself was cancelled
-                if not waiter.done():
-                    waiter.cancel()
-            q.waiters.clear()
+            q.in_flight -= 1
+            if q.in_flight == 0:  # waiters left only when the driver was cancelled
+                for waiter in q.waiters:
+                    if not waiter.done():
+                        waiter.cancel()
+                q.waiters.clear()
+            self._serve(tag, q)

@@ -200,7 +200,7 @@ def test_requests_queued_behind_a_pop_share_the_next_one_in_arrival_order(
         client = AsyncClient(settings=make_settings(), policy="raise")
         gate = Gate(client.pool.pop_many)
         client.pool.pop_many = gate  # type: ignore[method-assign]
-        client.coalesce(3)
+        client.coalesce(3, in_flight=1)
         try:
             first = asyncio.ensure_future(client.next_id_coalesced(TAG))
             await gate.held[1].wait()  # the first pop is in flight
@@ -219,6 +219,37 @@ def test_requests_queued_behind_a_pop_share_the_next_one_in_arrival_order(
     assert calls == [1, 3, 2]  # one pop for the first, then batches of at most 3
 
 
+def test_up_to_in_flight_pops_go_at_once_then_requests_queue(
+    make_settings: Callable[..., Settings], r: redis.Redis
+) -> None:
+    """Two pops may be under way: a lightly loaded service waits for no one; a third
+    request queues and shares the next pop with those behind it."""
+    fill(r, TAG, list(range(1, 21)))
+
+    async def run() -> tuple[list[int], list[int]]:
+        client = AsyncClient(settings=make_settings(), policy="raise")
+        gate = Gate(client.pool.pop_many, hold=(1, 2))
+        client.pool.pop_many = gate  # type: ignore[method-assign]
+        client.coalesce(16, in_flight=2)
+        try:
+            a = asyncio.ensure_future(client.next_id_coalesced(TAG))
+            b = asyncio.ensure_future(client.next_id_coalesced(TAG))
+            await gate.held[2].wait()  # both pops under way, neither waited for the other
+            queued = [asyncio.ensure_future(client.next_id_coalesced(TAG)) for _ in range(3)]
+            await settle()
+            assert gate.calls == [1, 1]
+            gate.release(1)
+            got = [await a, *await asyncio.gather(*queued)]
+            gate.release(2)
+            return [*got, await b], gate.calls
+        finally:
+            await client.aclose()
+
+    got, calls = asyncio.run(run())
+    assert calls == [1, 1, 3]
+    assert got == [1, 2, 3, 4, 5]  # the queued three in arrival order; b's pop went last
+
+
 @pytest.mark.parametrize("policy", ["raise", "wait", "reserve"])
 def test_a_short_pop_sends_the_requests_left_over_down_the_empty_pool_policy(
     policy: str, make_settings: Callable[..., Settings], r: redis.Redis
@@ -232,7 +263,7 @@ def test_a_short_pop_sends_the_requests_left_over_down_the_empty_pool_policy(
         client = AsyncClient(settings=make_settings(empty_wait_seconds=10), policy=policy)
         gate = Gate(client.pool.pop_many)
         client.pool.pop_many = gate  # type: ignore[method-assign]
-        client.coalesce(16)
+        client.coalesce(16, in_flight=1)
         try:
             first = asyncio.ensure_future(client.next_id_coalesced(TAG))
             await gate.held[1].wait()
@@ -273,7 +304,7 @@ def test_cancelled_requests_take_no_id_or_leave_a_gap_never_a_repeat(
         client = AsyncClient(settings=make_settings(), policy="raise")
         gate = Gate(client.pool.pop_many, hold=(1, 2))
         client.pool.pop_many = gate  # type: ignore[method-assign]
-        client.coalesce(16)
+        client.coalesce(16, in_flight=1)
         try:
             first = asyncio.ensure_future(client.next_id_coalesced(TAG))
             await gate.held[1].wait()
@@ -309,7 +340,7 @@ def test_unknown_tag_and_redis_down_reach_every_request_of_the_batch(
 ) -> None:
     async def run() -> tuple[list[BaseException], list[BaseException]]:
         client = AsyncClient(settings=make_settings(), policy="wait", wait_seconds=0.2)
-        client.coalesce(16)
+        client.coalesce(16, in_flight=1)
         down = AsyncClient(settings=make_settings(redis_url="redis://127.0.0.1:1/0"))
         down.coalesce(16)
         try:

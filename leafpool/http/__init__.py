@@ -8,6 +8,8 @@ plus the operator's pages. One concern per module:
 - :mod:`~leafpool.http.auth`: token auth (``LEAFPOOL_HTTP_TOKENS``);
 - :mod:`~leafpool.http.errors`: errors as status codes, and the log throttle;
 - :mod:`~leafpool.http.ids`: the Leaf-compatible ID endpoints, and the mode cache;
+- :mod:`~leafpool.http.fast`: the lean path of the bare single-ID request, in front of
+  the router (the same bytes as the route);
 - :mod:`~leafpool.http.decode`: snowflake ID decoding (Leaf's shape and clean JSON);
 - :mod:`~leafpool.http.ops`: ``/health``, ``/metrics``, ``/api/status``;
 - :mod:`~leafpool.http.pages`: ``/cache`` and ``/db`` as HTML.

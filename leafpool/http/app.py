@@ -10,13 +10,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
 from leafpool.config import Settings, get_settings
 from leafpool.errors import BackendUnavailable
 from leafpool.http import decode, ids, ops, pages
+from leafpool.http.fast import FastIds
 from leafpool.http.service import Service
 
 log = logging.getLogger(__name__)
+
+#: the ASGI server ``leafpool serve`` runs (chosen by bench/http_bench.py's comparison)
+DEFAULT_SERVER = "uvicorn"
 
 
 def create_app(settings: Settings | None = None) -> Starlette:
@@ -35,8 +40,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
         finally:
             await service.aclose()
 
-    routes = [*ids.routes(service), *decode.routes(), *ops.routes(), *pages.routes()]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    endpoints = ids.IdEndpoints(service)
+    routes = [*ids.routes(endpoints), *decode.routes(), *ops.routes(), *pages.routes()]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    middleware=[Middleware(FastIds, endpoints=endpoints)])
     app.state.service = service
     return app
 

@@ -1,4 +1,5 @@
-"""The Leaf-compatible ID endpoints (one ``LPOP`` per request on the hot path):
+"""The Leaf-compatible ID endpoints (single-ID requests share pops, docs/design.md §1.1;
+the bare single-ID request takes the lean path, :mod:`leafpool.http.fast`):
 
 - ``GET /api/segment/get/{tag}``, ``GET /api/snowflake/get/{tag}``: the bare ID as
   ``text/plain``, as Leaf's server answers, so a Leaf client switches by host name.
@@ -69,27 +70,61 @@ def parse_count(request: Request, max_count: int) -> int | None:
 
 
 class IdEndpoints:
-    """The ID handlers of one app, sharing its mode cache."""
+    """The ID handlers of one app, sharing its mode cache (and the lean path in front of
+    them, :class:`~leafpool.http.fast.FastIds`)."""
 
     def __init__(self, svc: Service) -> None:
         self.svc = svc
         self.modes = ModeCache(lambda tag: svc.pool.mode(tag))
+        self._valid: set[str] = set()  # tags validated once (the client keeps the same)
+        self._counters: dict[tuple[str, int], Callable[[], None]] = {}
+        self._latency: dict[str, Callable[[float], None]] = {}
+
+    def check_tag(self, tag: str) -> None:
+        """400 (InvalidTag) unless ``tag`` is a valid name; remembered once valid."""
+        if tag not in self._valid:
+            validate_tag(tag)
+            self._valid.add(tag)
 
     async def take(self, tag: str, want_mode: str, count: int) -> list[int]:
         """``count`` IDs of ``tag`` (policy ``wait``), checking the tag's mode."""
+        if count == 1:
+            return [await self.take_one(tag, want_mode)]
+        await self._check_mode(tag, want_mode)
+        return await self.svc.client.next_ids(tag, count)
+
+    async def take_one(self, tag: str, want_mode: str) -> int:
+        """One ID, its pop shared with concurrent requests of the tag (docs/design.md
+        §1.1)."""
+        await self._check_mode(tag, want_mode)
+        return await self.svc.client.next_id_coalesced(tag)
+
+    async def _check_mode(self, tag: str, want_mode: str) -> None:
         mode = await self.modes.get(tag)
         if mode is None:
             raise UnknownTag(tag)
         if mode != want_mode:
             raise HttpError(404, "wrong_mode",
                             f"{tag}: a {mode} tag; ask /api/{mode}/get/{tag}", tag=tag, mode=mode)
-        if count == 1:  # shared with concurrent requests of the tag (docs/design.md §1.1)
-            return [await self.svc.client.next_id_coalesced(tag)]
-        return await self.svc.client.next_ids(tag, count)
+
+    def error_response(self, exc: HttpError | LeafpoolError, as_json: bool) -> Response:
+        err = http_error(exc, self.svc.retry_after)
+        return json_error(err) if as_json else text_error(err)
+
+    def observe(self, mode: str, as_json: bool, status: int, started: float) -> None:
+        """Count the request and its latency (the metrics' children, looked up once)."""
+        endpoint = f"/api/{mode}/{'ids' if as_json else 'get'}"
+        inc = self._counters.get((endpoint, status))
+        if inc is None:
+            inc = self._counters[(endpoint, status)] = self.svc.http.requests.labels(
+                endpoint, str(status)).inc
+        inc()
+        observe = self._latency.get(endpoint)
+        if observe is None:
+            observe = self._latency[endpoint] = self.svc.http.latency.labels(endpoint).observe
+        observe(time.perf_counter() - started)
 
     def handler(self, mode: str, as_json: bool) -> Handler:
-        endpoint = f"/api/{mode}/{'ids' if as_json else 'get'}"
-
         async def handle(request: Request) -> Response:
             started = time.perf_counter()
             if request.method == "HEAD":  # a HEAD must not consume an ID
@@ -97,8 +132,7 @@ class IdEndpoints:
                     "use GET\n", 405, headers={"Allow": "GET, POST", **NO_STORE})
             else:
                 response = await self.respond(request, mode, as_json)
-            self.svc.http.requests.labels(endpoint, str(response.status_code)).inc()
-            self.svc.http.latency.labels(endpoint).observe(time.perf_counter() - started)
+            self.observe(mode, as_json, response.status_code, started)
             return response
 
         handle.__name__ = f"{mode}_{'ids' if as_json else 'get'}"
@@ -109,13 +143,12 @@ class IdEndpoints:
         tag = request.path_params.get("tag", "")
         try:
             allowed = svc.auth.allowed_tags(request)
-            validate_tag(tag)
+            self.check_tag(tag)
             svc.auth.authorize(tag, allowed)
             count = parse_count(request, svc.max_count)
             ids = await self.take(tag, mode, count or 1)
         except (HttpError, LeafpoolError) as exc:
-            err = http_error(exc, svc.retry_after)
-            return json_error(err) if as_json else text_error(err)
+            return self.error_response(exc, as_json)
         if as_json:
             return JSONResponse({"tag": tag, "mode": mode, "ids": [str(i) for i in ids]},
                                 headers=NO_STORE)
@@ -124,8 +157,7 @@ class IdEndpoints:
         return PlainTextResponse("".join(f"{i}\n" for i in ids), headers=NO_STORE)
 
 
-def routes(svc: Service) -> Iterator[Route]:
-    endpoints = IdEndpoints(svc)
+def routes(endpoints: IdEndpoints) -> Iterator[Route]:
     methods = ["GET", "POST"]  # Leaf maps every method
     for mode in MODES:
         get = endpoints.handler(mode, as_json=False)

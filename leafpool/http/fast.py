@@ -1,0 +1,89 @@
+"""The lean path of the hot request: ``GET`` (or ``POST``) ``/api/{mode}/get/{tag}`` without
+a query string, answered in front of Starlette's routing (an ASGI middleware) with the
+same bytes the route answers: the bare ID as ``text/plain``, ``Cache-Control:
+no-store``, and for an error the very response the route builds
+(:meth:`IdEndpoints.error_response`). Everything else (a query string, a token policy,
+another path or method, a path the route would refuse) goes on to Starlette unchanged.
+
+Why: a single-ID request does one small pop; Starlette's router, its request object and
+its response class cost more than the pop itself (docs/design.md §1.1)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from leafpool.errors import LeafpoolError
+from leafpool.http.errors import HttpError
+from leafpool.http.service import MODES
+
+if TYPE_CHECKING:
+    from leafpool.http.ids import IdEndpoints
+
+_PREFIXES = {f"/api/{mode}/get/": mode for mode in MODES}
+_PREFIX_LEN = {mode: len(p) for p, mode in _PREFIXES.items()}
+_TEXT = b"text/plain; charset=utf-8"
+
+
+class FastIds:
+    """ASGI middleware: the single-ID text endpoints without the router."""
+
+    def __init__(self, app: ASGIApp, endpoints: IdEndpoints) -> None:
+        self.app = app
+        self.endpoints = endpoints
+        self.enabled = not endpoints.svc.auth.policy.enabled  # tokens: the full path
+
+    def _match(self, scope: Scope) -> tuple[str, str] | None:
+        """(mode, tag) when the request is one this path answers."""
+        if (
+            scope["type"] != "http"
+            or scope["query_string"]
+            or not self.enabled
+            or scope["method"] not in ("GET", "POST")
+            or scope.get("root_path")
+        ):
+            return None
+        path: str = scope["path"]
+        if not path.startswith("/api/"):
+            return None
+        slash = path.find("/get/", 5)
+        mode = _PREFIXES.get(path[: slash + 5]) if slash > 0 else None
+        if mode is None:
+            return None
+        tag = path[_PREFIX_LEN[mode] :]
+        if not tag or "/" in tag:  # the route's 400 (empty tag) or 404 (no such path)
+            return None
+        return mode, tag
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        matched = self._match(scope)
+        if matched is None:
+            await self.app(scope, receive, send)
+            return
+        mode, tag = matched
+        started = time.perf_counter()
+        endpoints = self.endpoints
+        try:
+            endpoints.check_tag(tag)
+            value = await endpoints.take_one(tag, mode)
+        except (HttpError, LeafpoolError) as exc:
+            response = endpoints.error_response(exc, as_json=False)
+            await response(scope, receive, send)
+            endpoints.observe(mode, False, response.status_code, started)
+            return
+        body = str(value).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"cache-control", b"no-store"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"content-type", _TEXT),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+        endpoints.observe(mode, False, 200, started)
