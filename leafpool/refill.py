@@ -225,7 +225,13 @@ class SegmentRefiller(Refiller):
         result = RefillResult(tag, length=snap.length, target=target, step=snap.int("step"))
         reserve = list(snap.reserve)
         alloc = _Allocator(
-            self, tag, lock, snap, result, self._segment_lifetime(snap, m.consumed_total)
+            self,
+            tag,
+            lock,
+            snap,
+            result,
+            self._segment_lifetime(snap, m.consumed_total),
+            rate=m.rate if s.burst_sizing else 0.0,
         )
 
         # 3: fill the list from the reserve, in chunks
@@ -301,7 +307,12 @@ class SegmentRefiller(Refiller):
 class _Allocator:
     """Takes segments from the database for one refill, with the dynamic step: the first
     allocation applies the last consumed segment's lifetime, later ones keep that step
-    (back-to-back allocations say nothing about how long a segment lasts)."""
+    (back-to-back allocations say nothing about how long a segment lasts), unless the
+    measured ``rate`` says a segment of the current step lasts under
+    ``STEP_GROW_SECONDS``: then each allocation doubles it, as Leaf's rule would at each
+    of the segment updates that rate makes (a jump to 50,000 IDs/s at step 1,000 reaches
+    a step that lasts in ten allocations, not hundreds; the rate never shrinks a step,
+    only consumed segments do, docs/design.md §3.5)."""
 
     def __init__(
         self,
@@ -311,8 +322,10 @@ class _Allocator:
         snap: Snapshot,
         result: RefillResult,
         lasted: float | None,
+        rate: float = 0.0,
     ) -> None:
         self.r = refiller
+        self.rate = rate
         self.tag = tag
         self.lock = lock
         self.step = snap.int("step")
@@ -323,9 +336,14 @@ class _Allocator:
 
     def _rule(self) -> StepRule:
         s = self.r.settings
+        lasted = self.lasted
+        if lasted is None and self.rate > 0 and self.step > 0:
+            predicted = self.step / self.rate  # how long a segment lasts at this rate
+            if predicted < s.step_grow_seconds:  # only ever to grow
+                lasted = predicted
         return StepRule(
             current=self.step,
-            lasted_seconds=self.lasted,
+            lasted_seconds=lasted,
             grow_below=s.step_grow_seconds,
             shrink_above=s.step_shrink_seconds,
             cap=s.max_step,

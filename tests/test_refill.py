@@ -314,3 +314,39 @@ def test_the_refill_records_whether_it_left_the_reserve_short(
     # ... once the retries' backoff is over: until then no trigger queues another refill
     ttl = pool.redis.ttl("leafpool:{order}:queued")
     assert 0 < ttl <= settings.refill_retry_backoff_max
+
+
+@pytest.mark.parametrize("burst_sizing", [True, False])
+def test_a_burst_grows_the_step_allocation_by_allocation(
+    pool: Pool,
+    store: SegmentStore,
+    make_settings: Callable[..., Settings],
+    clock: FakeWallClock,
+    r: redis.Redis,
+    burst_sizing: bool,
+) -> None:
+    """5,000 IDs/s on a tag whose table step is 100: a segment lasts 0.02 s, so Leaf's
+    rule would double the step at every segment update. With burst sizing each
+    allocation of the refill doubles it (eight segments fill the list); before, the
+    first allocation doubled it (the consumed segment's lifetime) and the others kept it."""
+    settings = make_settings(
+        pool_floor=1000,
+        pool_ceiling=1_000_000,
+        chunk_size=10_000,
+        pool_seconds=10,
+        reserve_seconds=1,
+        burst_sizing=burst_sizing,
+    )
+    refiller = SegmentRefiller(pool, store, settings, wall=clock)
+    store.add_tag("order", step=100)
+    assert set(_sizes(refiller.refill("order").segments)) == {100}  # rate unknown yet
+    r.lpop("leafpool:{order}:ids", 1000)
+    clock.advance(0.2)
+    sizes = _sizes(refiller.refill("order").segments)
+    if burst_sizing:
+        assert sizes[:8] == [200 * 2**i for i in range(8)]
+        assert len(sizes) <= 9
+    else:
+        assert set(sizes) == {200} and len(sizes) > 70
+    popped = [int(x) for x in r.lpop("leafpool:{order}:ids", 100_000)]
+    assert popped == list(range(1001, 1001 + len(popped)))  # contiguous, in order
