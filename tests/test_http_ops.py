@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from leafpool.config import Settings
@@ -128,8 +129,12 @@ def test_metrics_endpoint_serves_pool_and_request_metrics(
     resp = client.get("/metrics")
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/plain; version=")
-    text = resp.text
-    assert 'leafpool_pool_ids{mode="segment",tag="order"} 9.0' in text
-    assert "leafpool_up 1.0" in text
-    assert 'leafpool_http_requests_total{code="200",endpoint="/api/segment/get"} 1.0' in text
-    assert 'leafpool_http_requests_total{code="404",endpoint="/api/segment/get"} 1.0' in text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(resp.text)
+               for s in family.samples}  # label order is the writer's choice
+    assert samples[("leafpool_pool_ids", (("mode", "segment"), ("tag", "order")))] == 9.0
+    assert samples[("leafpool_up", ())] == 1.0
+    requests = "leafpool_http_requests_total"
+    get = ("endpoint", "/api/segment/get")
+    assert samples[(requests, (("code", "200"), get))] == 1.0
+    assert samples[(requests, (("code", "404"), get))] == 1.0
