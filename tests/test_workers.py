@@ -214,7 +214,7 @@ def test_snowflake_pools_fill_from_worker_ids_leased_in_zookeeper(
                        tag_sync_seconds=1, snowflake_cache_dir=str(tmp_path / "cache"))
     procs.append(worker(env, tmp_path / "worker.log"))
     procs.append(beat(env, tmp_path))
-    services.wait_until(_has_ids(r, "orderno", 1000), 60, "snowflake pool filled")
+    services.wait_until(_has_ids(r, "orderno", 100), 60, "snowflake pool filled")
     seen: list[int] = []
 
     def popped_enough() -> bool:  # keep popping so refills keep coming
