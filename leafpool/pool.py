@@ -7,6 +7,7 @@ This module owns no policy: how much to push and when is :mod:`leafpool.refill`'
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +34,7 @@ from leafpool.pool_common import (
     register_scripts,
     snapshot_commands,
     snapshot_from,
+    snapshot_keys,
     take_result,
     text,
 )
@@ -212,10 +214,21 @@ class Pool:
         """Snapshots of many tags, pipelined in chunks of :data:`TAGS_PER_PIPELINE` (one
         round trip per chunk, not one transaction)."""
         n = SNAPSHOT_REPLIES
-        raw = self._pipelined("snapshots", tags, lambda tag: snapshot_commands(self.tag(tag)))
-        for i in range(2, len(raw), n):
-            raw[i] = as_map(raw[i])  # HGETALL
-        return [snapshot_from(tag, raw[n * i : n * i + n]) for i, tag in enumerate(tags)]
+        if is_cluster(self.redis):  # four commands a tag, split by node
+            raw = self._pipelined("snapshots", tags,
+                                  lambda tag: snapshot_commands(self.tag(tag)))
+            replies = [raw[n * i : n * i + n] for i in range(len(tags))]
+        else:  # one snapshot.lua call a tag (loaded first: a restarted Redis has none)
+            source = scripts.source("snapshot")
+            sha = hashlib.sha1(source.encode()).hexdigest()
+            replies = self._pipelined(
+                "snapshots", tags,
+                lambda tag: [("EVALSHA", sha, 4, *snapshot_keys(self.tag(tag)))],
+                prelude=[("SCRIPT", "LOAD", source)])
+        out = []
+        for tag, (length, reserve, state, locked) in zip(tags, replies, strict=True):
+            out.append(snapshot_from(tag, (length, reserve, as_map(state), locked)))
+        return out
 
     # -- state --------------------------------------------------------------------------
 
@@ -373,16 +386,20 @@ class Pool:
     # -- many tags at once: the tag sync, status, metrics (docs/design.md §4, §6) ---------
 
     def _pipelined(self, what: str, tags: Sequence[str],
-                   commands: Callable[[str], list[tuple[Any, ...]]]) -> list[Any]:
+                   commands: Callable[[str], list[tuple[Any, ...]]], *,
+                   prelude: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
         """The raw replies of ``commands(tag)`` for every tag, in order, sent in chunks of
         :data:`TAGS_PER_PIPELINE` tags (no one pipeline holds the commands of 10,000
         tags). On one node (or a Sentinel's master) each chunk goes out on one connection
         as packed commands and is read back without redis-py's per-command pipeline
         machinery (half the client time of a 10,000-tag status); on a Cluster a pipeline
         splits each chunk by node. Replies are raw: a hash is a dict (RESP3) or a flat
-        list (RESP2), see :func:`as_map`."""
+        list (RESP2), see :func:`as_map`. ``prelude``: commands sent before the first
+        chunk on the same connection (one node only; their replies are dropped)."""
         chunks = [[c for tag in tags[lo:lo + TAGS_PER_PIPELINE] for c in commands(tag)]
                   for lo in range(0, len(tags), TAGS_PER_PIPELINE)]
+        if prelude and chunks and not is_cluster(self.redis):
+            chunks[0] = [*prelude, *chunks[0]]
         out: list[Any] = []
         with redis_errors(what):
             if is_cluster(self.redis):
@@ -403,7 +420,7 @@ class Pool:
                 raise
             finally:
                 pool.release(conn)
-        return out
+        return out[len(prelude):] if prelude and chunks else out
 
     def register_many(self, entries: Sequence[tuple[str, str, int, Mapping[str, object]]]
                       ) -> list[bool]:

@@ -127,6 +127,11 @@ def snapshot_commands(k: TagKeys) -> list[tuple[Any, ...]]:
             ("EXISTS", k.lock)]
 
 
+def snapshot_keys(k: TagKeys) -> tuple[str, str, str, str]:
+    """KEYS of ``snapshot.lua``: the keys :func:`queue_snapshot` reads, in its order."""
+    return k.ids, k.reserve, k.state, k.lock
+
+
 def as_map(reply: Any) -> Mapping[Any, Any]:
     """A raw ``HGETALL`` reply as a mapping: a dict under RESP3, a flat list under RESP2."""
     if isinstance(reply, list):

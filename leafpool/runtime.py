@@ -13,12 +13,12 @@ import redis
 from leafpool.config import Settings, get_settings
 from leafpool.pool import Pool
 from leafpool.redis_conn import connect
-from leafpool.refill import SegmentRefiller
-from leafpool.store import SegmentStore
 
 if TYPE_CHECKING:
+    from leafpool.refill import SegmentRefiller
     from leafpool.registry.leased import LeasedGenerator
     from leafpool.snowflake_pool import SnowflakeRefiller
+    from leafpool.store import SegmentStore
 
 
 class Runtime:
@@ -37,12 +37,18 @@ class Runtime:
     def pool(self) -> Pool:
         return Pool(self.redis, self.settings.key_prefix)
 
+    # the database side is imported on first use: `leafpool status` and the HTTP
+    # service's reads start without SQLAlchemy (a tenth of a second)
     @cached_property
     def store(self) -> SegmentStore:
+        from leafpool.store import SegmentStore
+
         return SegmentStore.from_url(self.settings.database_url)
 
     @cached_property
     def refiller(self) -> SegmentRefiller:
+        from leafpool.refill import SegmentRefiller
+
         return SegmentRefiller(self.pool, self.store, self.settings)
 
     def snowflake_refiller(self) -> SnowflakeRefiller:
