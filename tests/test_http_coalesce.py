@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -19,10 +20,17 @@ import redis
 
 from leafpool.client import AsyncClient
 from leafpool.coalesce import Coalescer
-from leafpool.config import Settings
-from leafpool.errors import BackendUnavailable, PoolEmpty, UnknownTag
+from leafpool.config import Settings, load_settings
+from leafpool.errors import BackendUnavailable, PoolEmpty, ReplicasBehind, UnknownTag
 from leafpool.http import create_app
+from leafpool.pool import Pool
+from leafpool.status import tag_status
 from tests.http_helpers import fill, llen
+
+if TYPE_CHECKING:
+    from tests.topology_fixtures import Topologies
+
+pytest_plugins = ["tests.topology_fixtures"]
 
 TAG = "order"
 
@@ -379,3 +387,46 @@ def test_coalescing_off_is_one_lpop_per_request(
 
     assert asyncio.run(run()) == list(range(1, 51))
     assert lpop_calls(r) - before == 50
+
+
+@pytest.mark.timeout(120)
+def test_a_coalesced_pop_the_replica_did_not_acknowledge_is_dropped_for_every_request(
+    topologies: Topologies,
+) -> None:
+    """LEAFPOOL_POP_REPLICAS=1: concurrent requests share acknowledged pops; while the
+    replica lags every request of a batch is refused (each retried up to its own bound)
+    and the batch's IDs are dropped, so the promoted replica hands out none twice."""
+    top = topologies.replicated(1)
+    replica = top.replicas[0]
+    with top.master.client() as r:
+        fill(r, TAG, list(range(1, 201)))
+    top.wait_synced()
+    settings = load_settings(
+        redis_url=top.master.url, empty_wait_seconds=0.3, pop_wait_ms=100, pop_replicas="1"
+    )
+
+    async def run() -> tuple[list[int], list[object]]:
+        client = AsyncClient(settings=settings)
+        client.coalesce(16, in_flight=1)
+        try:
+            await client.start()
+            handed = await asyncio.gather(*(client.next_id_coalesced(TAG) for _ in range(12)))
+            top.stall(replica)
+            refused = await asyncio.gather(
+                *(client.next_id_coalesced(TAG) for _ in range(12)), return_exceptions=True
+            )
+            return list(handed), list(refused)
+        finally:
+            await client.aclose()
+
+    handed, refused = asyncio.run(run())
+    assert sorted(handed) == list(range(1, 13))
+    assert all(isinstance(e, ReplicasBehind) for e in refused), refused
+    with top.master.client() as r:
+        assert tag_status(Pool(r).snapshot(TAG)).unacked_ids >= 1
+    top.master.kill()
+    replica.resume()
+    top.promote(replica)
+    with replica.client() as r:
+        after = Pool(r).pop_many(TAG, 5)
+    assert after == [13, 14, 15, 16, 17]  # the dropped pops never reached the replica
