@@ -50,9 +50,18 @@ class SyncResult:
         return {"added": self.added, "removed": self.removed, "total": self.total}
 
 
-def sync_tags(pool: Pool, store: SegmentStore, wall: Callable[[], float] = time.time) -> SyncResult:
+def sync_tags(
+    pool: Pool,
+    store: SegmentStore,
+    wall: Callable[[], float] = time.time,
+    queued_seconds: int | None = None,
+) -> SyncResult:
     """Make the pool's tags match the database: segment tags ``leaf_alloc``, snowflake
-    tags ``leafpool_snowflake_tag``."""
+    tags ``leafpool_snowflake_tag``.
+
+    ``queued_seconds``: mark each new tag ``queued`` that long *before* registering it:
+    the caller queues their first refills itself (in batches), and the sweep and the drop
+    watcher, which see a registered tag that was never filled as due, leave them alone."""
     # Redis first: a tag added after this read is not in ``known`` and cannot be dropped;
     # one added before it is in the database read that follows (adds write the database
     # first, then Redis).
@@ -73,6 +82,8 @@ def sync_tags(pool: Pool, store: SegmentStore, wall: Callable[[], float] = time.
         if "mode" not in states.get(tag, {}):
             new.append((tag, "snowflake", None))
     if new:
+        if queued_seconds is not None:
+            pool.mark_queued_many([tag for tag, _, _ in new], queued_seconds)
         register_many(pool, new, wall)
         result.added = [tag for tag, _, _ in new]
         result.modes = {tag: mode for tag, mode, _ in new}

@@ -229,3 +229,25 @@ def test_pack_writes_what_redis_py_writes() -> None:
         ("HMGET", "s", "mode"),
     ]
     assert pack(commands) == b"".join(Connection().pack_commands(commands))
+
+
+def test_new_tags_are_marked_queued_before_they_are_registered(
+    pool: Pool, store: SegmentStore, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With queued_seconds, a sweep or watcher reading a new tag the moment it is
+    registered finds it already queued (the caller sends its refill in a batch)."""
+    store.add_tag("kept", step=10)
+    sync_tags(pool, store)
+    _insert_many(store, 30, 3)
+    seen: list[bool] = []
+    real = pool.register_many
+
+    def register_then_look(entries: list[tuple[str, str, int, dict[str, object]]]) -> list[bool]:
+        seen.extend(bool(r.exists(pool.tag(e[0]).queued)) for e in entries)
+        return real(entries)
+
+    monkeypatch.setattr(pool, "register_many", register_then_look)
+    result = sync_tags(pool, store, queued_seconds=60)
+    assert len(result.added) == 33 and seen == [True] * 33
+    assert not r.exists(pool.tag("kept").queued)  # only the new ones
+    assert 0 < r.ttl(pool.tag("s0000").queued) <= 60

@@ -94,17 +94,19 @@ def refill_snowflakes(tags: list[str], force: bool = False) -> dict[str, object]
 def sync_tags() -> dict[str, object]:
     """Make the pool's tags match the database (Leaf's 60 s cache update) and queue the
     new tags' first refills: one task per ``LEAFPOOL_REFILL_BATCH_SIZE`` tags, each tag
-    marked queued (the sweep does not queue it again meanwhile)."""
+    marked queued (the sweep and the drop watcher do not queue it meanwhile)."""
     rt = runtime()
-    result = sync.sync_tags(rt.pool, rt.store)
     size = rt.settings.refill_batch_size
+    # batches: the new tags are marked queued before they are registered (the drop
+    # watcher would otherwise queue one refill per tag the moment it sees them)
+    result = sync.sync_tags(rt.pool, rt.store,
+                            queued_seconds=rt.settings.visibility_timeout if size > 1 else None)
     for mode, tags in result.added_by_mode().items():
         if size == 1:  # one task per tag
             single = refill_snowflake if mode == "snowflake" else refill_segment
             for tag in tags:
                 single.delay(tag)
             continue
-        rt.pool.mark_queued_many(tags, rt.settings.visibility_timeout)
         batch = refill_snowflakes if mode == "snowflake" else refill_segments
         for lo in range(0, len(tags), size):
             batch.apply_async((tags[lo:lo + size],), priority=FIRST_FILL_PRIORITY)
