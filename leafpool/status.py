@@ -59,55 +59,66 @@ class TagStatus:
         return out
 
 
-def _opt_int(snap: Snapshot, name: str) -> int | None:
-    return snap.int(name) if snap.state.get(name) else None
+def _int(state: dict[str, str], name: str) -> int:
+    value = state.get(name)
+    return int(value) if value else 0
 
 
-def _opt_float(snap: Snapshot, name: str) -> float | None:
+def _opt_int(state: dict[str, str], name: str) -> int | None:
+    value = state.get(name)
+    return int(value) if value else None
+
+
+def _opt_float(state: dict[str, str], name: str) -> float | None:
     try:
-        return float(snap.state[name]) if snap.state.get(name) else None
+        value = state.get(name)
+        return float(value) if value else None
     except ValueError:
         return None
 
 
 def tag_status(snap: Snapshot) -> TagStatus:
-    rate = snap.float("rate")
-    ready = snap.length + snap.reserve_size
+    """The parsed state (plain dict reads: a status of 10,000 tags parses 400,000 fields)."""
+    state = snap.state
+    get = state.get
+    rate = float(get("rate") or 0.0)
+    reserve_size = snap.reserve_size
+    ready = snap.length + reserve_size
     return TagStatus(
         tag=snap.tag,
-        mode=snap.state.get("mode", "?"),
+        mode=get("mode", "?"),
         length=snap.length,
-        target=snap.int("target"),
-        low_water=snap.int("low_water"),
+        target=_int(state, "target"),
+        low_water=_int(state, "low_water"),
         reserve=[r.encode() for r in snap.reserve],
-        reserve_size=snap.reserve_size,
-        step=snap.int("step"),
-        max_id=_opt_int(snap, "max_id"),
+        reserve_size=reserve_size,
+        step=_int(state, "step"),
+        max_id=_opt_int(state, "max_id"),
         rate=rate,
         seconds_left=(ready / rate) if rate > 0 else None,
-        last_refill_ms=_opt_int(snap, "last_refill_ms"),
-        last_refill_result=snap.state.get("last_refill_result", ""),
-        last_error=snap.state.get("last_error", ""),
-        last_error_ms=_opt_int(snap, "last_error_ms"),
-        empty_hits=snap.int("empty_hits"),
-        reserve_takes=snap.int("reserve_takes"),
-        pushed_total=snap.int("pushed_total"),
-        refills=snap.int("refills"),
-        refill_failures=snap.int("refill_failures"),
+        last_refill_ms=_opt_int(state, "last_refill_ms"),
+        last_refill_result=get("last_refill_result", ""),
+        last_error=get("last_error", ""),
+        last_error_ms=_opt_int(state, "last_error_ms"),
+        empty_hits=_int(state, "empty_hits"),
+        reserve_takes=_int(state, "reserve_takes"),
+        pushed_total=_int(state, "pushed_total"),
+        refills=_int(state, "refills"),
+        refill_failures=_int(state, "refill_failures"),
         locked=snap.locked,
-        hwm=snap.state.get("hwm", ""),
-        allocations=snap.int("allocations"),
-        last_alloc_ms=_opt_float(snap, "last_alloc_ms"),
-        redis_node=snap.state.get("redis_node", ""),
-        failovers=snap.int("failovers"),
-        last_failover_ms=_opt_int(snap, "last_failover_ms"),
-        unacked_ids=snap.int("unacked_ids"),
-        worker_ids=[w for w in snap.state.get("worker_ids", "").split(",") if w],
-        lease_state=snap.state.get("lease_state", ""),
-        backwards_events=snap.int("backwards_events"),
-        last_backwards_ms=_opt_int(snap, "last_backwards_ms"),
-        last_backwards_offset_ms=_opt_int(snap, "last_backwards_offset_ms"),
-        time_bits_years_left=_opt_float(snap, "time_bits_years_left"),
+        hwm=get("hwm", ""),
+        allocations=_int(state, "allocations"),
+        last_alloc_ms=_opt_float(state, "last_alloc_ms"),
+        redis_node=get("redis_node", ""),
+        failovers=_int(state, "failovers"),
+        last_failover_ms=_opt_int(state, "last_failover_ms"),
+        unacked_ids=_int(state, "unacked_ids"),
+        worker_ids=[w for w in get("worker_ids", "").split(",") if w],
+        lease_state=get("lease_state", ""),
+        backwards_events=_int(state, "backwards_events"),
+        last_backwards_ms=_opt_int(state, "last_backwards_ms"),
+        last_backwards_offset_ms=_opt_int(state, "last_backwards_offset_ms"),
+        time_bits_years_left=_opt_float(state, "time_bits_years_left"),
     )
 
 
