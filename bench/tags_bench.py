@@ -68,11 +68,19 @@ class TagsSizes:
 
 FULL = TagsSizes()
 QUICK = TagsSizes(segment=1_800, snowflake=200, fill_timeout_s=60.0)
-SMOKE = TagsSizes(segment=45, snowflake=5, hot_rate=500, fill_timeout_s=60.0, warm_s=1.0,
-                  sqlite=False, before_status=False)
+SMOKE = TagsSizes(
+    segment=45,
+    snowflake=5,
+    hot_rate=500,
+    fill_timeout_s=60.0,
+    warm_s=1.0,
+    sqlite=False,
+    before_status=False,
+)
 
 
 # -- measuring -------------------------------------------------------------------------------
+
 
 def redis_cpu(r: redis.Redis) -> float:
     info = r.info("cpu")
@@ -129,9 +137,18 @@ class HotPopper:
 
     def __init__(self, url: str, rate: int) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", POPPER, url, Pool(redis.Redis.from_url(url)).tag(HOT).ids,
-             str(rate)], stdout=subprocess.PIPE, text=True,
-            preexec_fn=die_with_parent(signal.SIGKILL))
+            [
+                sys.executable,
+                "-c",
+                POPPER,
+                url,
+                Pool(redis.Redis.from_url(url)).tag(HOT).ids,
+                str(rate),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=die_with_parent(signal.SIGKILL),
+        )
         assert self.proc.stdout is not None
         self.proc.stdout.readline()  # ready
         self.pops = self.empty = 0
@@ -149,13 +166,22 @@ class HotPopper:
 
 # -- the worker ------------------------------------------------------------------------------
 
-def worker_env(pool_url: str, broker_url: str, db_url: str, home: Path,
-               **settings: str) -> dict[str, str]:
+
+def worker_env(
+    pool_url: str, broker_url: str, db_url: str, home: Path, **settings: str
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
     path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env.update({"LEAFPOOL_REDIS_URL": pool_url, "LEAFPOOL_BROKER_URL": broker_url,
-                "LEAFPOOL_DATABASE_URL": db_url, "LEAFPOOL_HOME": str(home),
-                "LEAFPOOL_SNOWFLAKE_MODE": "local", "PYTHONPATH": os.pathsep.join(path)})
+    env.update(
+        {
+            "LEAFPOOL_REDIS_URL": pool_url,
+            "LEAFPOOL_BROKER_URL": broker_url,
+            "LEAFPOOL_DATABASE_URL": db_url,
+            "LEAFPOOL_HOME": str(home),
+            "LEAFPOOL_SNOWFLAKE_MODE": "local",
+            "PYTHONPATH": os.pathsep.join(path),
+        }
+    )
     env.update({f"LEAFPOOL_{k.upper()}": v for k, v in settings.items()})
     return env
 
@@ -165,10 +191,29 @@ def worker(env: dict[str, str], home: Path, name: str) -> Iterator[subprocess.Po
     """``celery -A workers worker -B -c 2``, killed with its children afterwards."""
     log = open(home / f"{name}.log", "ab")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "workers", "worker", "-B", "-c", "2",
-         "--loglevel=WARNING", "-n", f"{name}@%h", "-s", str(home / f"{name}-beat")],
-        env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        preexec_fn=die_with_parent(signal.SIGKILL))
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers",
+            "worker",
+            "-B",
+            "-c",
+            "2",
+            "--loglevel=WARNING",
+            "-n",
+            f"{name}@%h",
+            "-s",
+            str(home / f"{name}-beat"),
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent(signal.SIGKILL),
+    )
     try:
         yield proc
     finally:
@@ -184,12 +229,14 @@ def worker(env: dict[str, str], home: Path, name: str) -> Iterator[subprocess.Po
 
 # -- the database ----------------------------------------------------------------------------
 
+
 def fresh_mysql(server_url: str, name: str) -> str:
     base, _, _ = server_url.rpartition("/")
     host_port = base.rsplit("@", 1)[1]
     host, port = host_port.split(":")
-    conn = pymysql.connect(host=host, port=int(port), user="leafpool", password="leafpool",
-                           autocommit=True)
+    conn = pymysql.connect(
+        host=host, port=int(port), user="leafpool", password="leafpool", autocommit=True
+    )
     with conn.cursor() as cur:
         cur.execute(f"CREATE DATABASE {name}")
     conn.close()
@@ -204,15 +251,24 @@ def insert_tags(store: SegmentStore, sizes: TagsSizes, hot: bool = True) -> list
     snowflake = [f"f{n:05d}" for n in range(sizes.snowflake)]
     with store.engine.begin() as conn:
         for lo in range(0, len(segment), 1000):
-            conn.execute(text("INSERT INTO leaf_alloc(biz_tag, max_id, step) VALUES "
-                              + ",".join(f"('{t}', 1, 1000)" for t in segment[lo:lo + 1000])))
+            conn.execute(
+                text(
+                    "INSERT INTO leaf_alloc(biz_tag, max_id, step) VALUES "
+                    + ",".join(f"('{t}', 1, 1000)" for t in segment[lo : lo + 1000])
+                )
+            )
         for lo in range(0, len(snowflake), 1000):
-            conn.execute(text("INSERT INTO leafpool_snowflake_tag(biz_tag) VALUES "
-                              + ",".join(f"('{t}')" for t in snowflake[lo:lo + 1000])))
+            conn.execute(
+                text(
+                    "INSERT INTO leafpool_snowflake_tag(biz_tag) VALUES "
+                    + ",".join(f"('{t}')" for t in snowflake[lo : lo + 1000])
+                )
+            )
     return segment + snowflake
 
 
 # -- the paths before ------------------------------------------------------------------------
+
 
 def sync_per_tag(pool: Pool, store: SegmentStore) -> int:
     """The tag sync's registration before it was pipelined: whole snapshots of the known
@@ -246,7 +302,7 @@ class _OnePipeline(Pool):
             queue_snapshot(pipe, self.tag(tag))
         raw = pipe.execute()
         n = SNAPSHOT_REPLIES
-        return [snapshot_from(tag, raw[n * i:n * i + n]) for i, tag in enumerate(tags)]
+        return [snapshot_from(tag, raw[n * i : n * i + n]) for i, tag in enumerate(tags)]
 
 
 def status_json_before(url: str) -> None:
@@ -273,6 +329,7 @@ def scrape_before(url: str) -> int:
 
 # -- one run of the first fill ---------------------------------------------------------------
 
+
 @dataclass
 class FillRun:
     label: str
@@ -288,8 +345,9 @@ class FillRun:
     note: str = ""
 
 
-def fill_run(label: str, db_url: str, sizes: TagsSizes, home: Path,
-             reads: bool, **settings: str) -> FillRun:
+def fill_run(
+    label: str, db_url: str, sizes: TagsSizes, home: Path, reads: bool, **settings: str
+) -> FillRun:
     with servers.redis() as pools_redis, servers.redis() as broker:
         url = pools_redis.extra["url"]
         r = redis.Redis.from_url(url)
@@ -338,14 +396,15 @@ def _lengths(r: redis.Redis, pool: Pool, names: list[str]) -> list[int]:
     out: list[int] = []
     for lo in range(0, len(names), 1000):
         pipe = r.pipeline(transaction=False)
-        for name in names[lo:lo + 1000]:
+        for name in names[lo : lo + 1000]:
             pipe.llen(pool.tag(name).ids)
         out += pipe.execute()
     return out
 
 
-def read_costs(r: redis.Redis, url: str, pool: Pool, env: dict[str, str],
-               before_status: bool) -> dict[str, Cost]:
+def read_costs(
+    r: redis.Redis, url: str, pool: Pool, env: dict[str, str], before_status: bool
+) -> dict[str, Cost]:
     from leafpool.metrics import make_registry, render
     from leafpool.sweep import sweep
 
@@ -355,8 +414,9 @@ def read_costs(r: redis.Redis, url: str, pool: Pool, env: dict[str, str],
     registry = make_registry(pool)
     with measured(r) as costs["one /metrics scrape (metrics.render)"]:
         render(registry)
-    with measured(r) as costs["one /metrics scrape, before (one pipeline, "
-                              "prometheus-client's writer)"]:
+    with measured(r) as costs[
+        "one /metrics scrape, before (one pipeline, prometheus-client's writer)"
+    ]:
         scrape_before(url)
     status = [sys.executable, "-m", "leafpool.cli", "status", "--json"]
     with measured(r) as costs["leafpool status --json (its own process)"]:
@@ -364,13 +424,16 @@ def read_costs(r: redis.Redis, url: str, pool: Pool, env: dict[str, str],
     with measured(r) as costs["leafpool status (table, its own process)"]:
         subprocess.run(status[:-1], env=env, cwd=ROOT, check=True, capture_output=True)
     if before_status:
-        with measured(r) as costs["leafpool status --json before, in this process (one "
-                                  "pipeline, asdict, rich's print_json)"]:
+        with measured(r) as costs[
+            "leafpool status --json before, in this process (one "
+            "pipeline, asdict, rich's print_json)"
+        ]:
             status_json_before(url)
     return costs
 
 
 # -- the report -------------------------------------------------------------------------------
+
 
 def sync_costs(sizes: TagsSizes, db_url: str) -> tuple[Cost, Cost]:
     """The sync of N rows into an empty Redis: pipelined (today) and per tag (before)."""
@@ -383,8 +446,7 @@ def sync_costs(sizes: TagsSizes, db_url: str) -> tuple[Cost, Cost]:
     with servers.redis() as server:
         r = redis.Redis.from_url(server.extra["url"])
         pool = Pool(r)
-        for run in (lambda: len(sync_tags(pool, store).added),
-                    lambda: sync_per_tag(pool, store)):
+        for run in (lambda: len(sync_tags(pool, store).added), lambda: sync_per_tag(pool, store)):
             r.flushall()
             with measured(r) as cost:
                 added = run()
@@ -399,69 +461,115 @@ def main(console: Console, sizes: TagsSizes) -> None:
     runs: list[FillRun] = []
     with servers.mariadb() as db:
         sync_new, sync_old = sync_costs(sizes, fresh_mysql(db.extra["url"], "tags_sync"))
-        runs.append(fill_run("batch tasks (today), MariaDB",
-                             fresh_mysql(db.extra["url"], "tags_new"), sizes, home, True))
-        runs.append(fill_run("one task per tag (before), MariaDB",
-                             fresh_mysql(db.extra["url"], "tags_old"), sizes, home, False,
-                             refill_batch_size="1"))
+        runs.append(
+            fill_run(
+                "batch tasks (today), MariaDB",
+                fresh_mysql(db.extra["url"], "tags_new"),
+                sizes,
+                home,
+                True,
+            )
+        )
+        runs.append(
+            fill_run(
+                "one task per tag (before), MariaDB",
+                fresh_mysql(db.extra["url"], "tags_old"),
+                sizes,
+                home,
+                False,
+                refill_batch_size="1",
+            )
+        )
     if sizes.sqlite:
-        runs.append(fill_run("batch tasks (today), SQLite", f"sqlite:///{home}/tags.sqlite3",
-                             sizes, home, False))
+        runs.append(
+            fill_run(
+                "batch tasks (today), SQLite", f"sqlite:///{home}/tags.sqlite3", sizes, home, False
+            )
+        )
     n = sizes.total
-    console.print(f"{n:,} tags ({sizes.segment:,} segment rows in leaf_alloc + "
-                  f"{sizes.snowflake:,} snowflake rows, inserted with SQL), one "
-                  "`celery -A workers worker -B -c 2`; hot tag popped at "
-                  f"{sizes.hot_rate:,} IDs/s")
+    console.print(
+        f"{n:,} tags ({sizes.segment:,} segment rows in leaf_alloc + "
+        f"{sizes.snowflake:,} snowflake rows, inserted with SQL), one "
+        "`celery -A workers worker -B -c 2`; hot tag popped at "
+        f"{sizes.hot_rate:,} IDs/s"
+    )
 
-    table = Table(title=f"{n:,} tags on one Redis: first fill (target: every tag has IDs "
-                        "within 60 s of the worker's start; hot tag empty pops 0)")
-    for col in ("path", "tags with IDs", "time until every tag has IDs",
-                "hot tag: pops / empty", "hot IDs/s"):
+    table = Table(
+        title=f"{n:,} tags on one Redis: first fill (target: every tag has IDs "
+        "within 60 s of the worker's start; hot tag empty pops 0)"
+    )
+    for col in (
+        "path",
+        "tags with IDs",
+        "time until every tag has IDs",
+        "hot tag: pops / empty",
+        "hot IDs/s",
+    ):
         table.add_column(col, justify="left" if col == "path" else "right")
     for run in runs:
-        took = (f"{run.fill_s:.1f} s" if run.fill_s is not None
-                else f"> {sizes.fill_timeout_s:.0f} s")
-        table.add_row(run.label, f"{run.filled:,}/{run.tags:,}", took,
-                      f"{run.hot_pops:,} / {run.hot_empty:,}", f"{run.hot_rate:,.0f}")
+        took = (
+            f"{run.fill_s:.1f} s" if run.fill_s is not None else f"> {sizes.fill_timeout_s:.0f} s"
+        )
+        table.add_row(
+            run.label,
+            f"{run.filled:,}/{run.tags:,}",
+            took,
+            f"{run.hot_pops:,} / {run.hot_empty:,}",
+            f"{run.hot_rate:,.0f}",
+        )
     base, old = runs[0], runs[1]
     if base.fill_s and old.fill_s:
         table.add_row("ratio before / today", "", f"{old.fill_s / base.fill_s:.1f}x", "", "")
     console.print(table)
 
-    costs = Table(title=f"{n:,} tags: one operation each (wall time, this process's CPU, "
-                        "Redis CPU from INFO cpu)")
+    costs = Table(
+        title=f"{n:,} tags: one operation each (wall time, this process's CPU, "
+        "Redis CPU from INFO cpu)"
+    )
     for col in ("operation", "wall", "client CPU", "Redis CPU", "target"):
         costs.add_column(col, justify="left" if col == "operation" else "right")
 
     def row(name: str, c: Cost, target: str = "") -> None:
-        costs.add_row(name, f"{c.wall_s * 1000:,.0f} ms", f"{c.cpu_s * 1000:,.0f} ms",
-                      f"{c.redis_cpu_s * 1000:,.0f} ms", target)
+        costs.add_row(
+            name,
+            f"{c.wall_s * 1000:,.0f} ms",
+            f"{c.cpu_s * 1000:,.0f} ms",
+            f"{c.redis_cpu_s * 1000:,.0f} ms",
+            target,
+        )
 
     row("tag sync, pipelined (today)", sync_new)
     row("tag sync, one round trip per tag (before)", sync_old)
-    costs.add_row("  ratio before / today", f"{sync_old.wall_s / sync_new.wall_s:.1f}x", "",
-                  f"{sync_old.redis_cpu_s / max(sync_new.redis_cpu_s, 1e-6):.1f}x", "")
-    targets = {"sweep": "worker <= 100 ms, Redis <= 50 ms", "status": "< 1 s",
-               "scrape": "< 1 s"}
+    costs.add_row(
+        "  ratio before / today",
+        f"{sync_old.wall_s / sync_new.wall_s:.1f}x",
+        "",
+        f"{sync_old.redis_cpu_s / max(sync_new.redis_cpu_s, 1e-6):.1f}x",
+        "",
+    )
+    targets = {"sweep": "worker <= 100 ms, Redis <= 50 ms", "status": "< 1 s", "scrape": "< 1 s"}
     for name, c in base.reads.items():
-        target = next((t for k, t in targets.items() if k in name and "before" not in name),
-                      "")
+        target = next((t for k, t in targets.items() if k in name and "before" not in name), "")
         row(name, c, target)
     console.print(costs)
 
     if base.memory_total:
-        mem = Table(title="Redis memory of the idle tags (used_memory, the hot tag's keys "
-                          "left out)")
+        mem = Table(
+            title="Redis memory of the idle tags (used_memory, the hot tag's keys left out)"
+        )
         for col in ("what", "figure", "target"):
             mem.add_column(col)
-        mem.add_row(f"{n:,} idle tags in total", f"{base.memory_total / 1e6:,.1f} MB",
-                    "<= 50 MB")
+        mem.add_row(f"{n:,} idle tags in total", f"{base.memory_total / 1e6:,.1f} MB", "<= 50 MB")
         mem.add_row("per idle tag", f"{base.memory_per_tag / 1e3:,.2f} KB", "")
-        mem.add_row("per idle tag on main before this work (2,000-ID floor)", "6.9 KB "
-                    "(measured before, not in this run)", "")
+        mem.add_row(
+            "per idle tag on main before this work (2,000-ID floor)",
+            "6.9 KB (measured before, not in this run)",
+            "",
+        )
         console.print(mem)
-    console.print("Measured on main before this work (not in this run): 5,493 of 10,000 "
-                  "tags had IDs 150 s after the worker started; `leafpool status --json` "
-                  "19 s; a sweep 0.54 s of the worker and 70 ms of Redis CPU.")
+    console.print(
+        "Measured on main before this work (not in this run): 5,493 of 10,000 "
+        "tags had IDs 150 s after the worker started; `leafpool status --json` "
+        "19 s; a sweep 0.54 s of the worker and 70 ms of Redis CPU."
+    )
     console.print(f"worker logs: {home}")
-
