@@ -95,6 +95,8 @@ class ClientReport:
     pool_empty: int = 0
     errors: int = 0
     slow: int = 0  # pops over SLOW_MS
+    longest_ms: float = 0.0
+    longest_at: float = 0.0  # wall clock when the longest pop started
     latencies_ms: list[float] = field(default_factory=list)
 
 
@@ -121,6 +123,7 @@ def _client(
             if t > now:
                 time.sleep(t - now)
             t0 = time.perf_counter()
+            began = time.time()
             try:
                 report.ids += len(client.next_ids(tag, BATCH))
             except PoolEmpty:
@@ -131,6 +134,8 @@ def _client(
             report.calls += 1
             report.slow += ms > SLOW_MS
             report.latencies_ms.append(ms)
+            if ms > report.longest_ms:
+                report.longest_ms, report.longest_at = ms, began
             t += interval
     client.close()
     out.put(report)
@@ -242,6 +247,8 @@ def _burst_path(
             total.errors += rep.errors
             total.slow += rep.slow
             total.latencies_ms += rep.latencies_ms
+            if rep.longest_ms > total.longest_ms:
+                total.longest_ms, total.longest_at = rep.longest_ms, rep.longest_at - burst_at
         for p in clients:
             p.join(30)
         state = r.hgetall(k.state)
@@ -512,7 +519,8 @@ def main(console: Console, sizes: BurstSizes) -> None:
     table = Table(
         title=f"Bursts to {BURST_RATE:,} IDs/s on one tag ({CLIENTS} client "
         f"processes, next_ids({BATCH}), policy wait; MariaDB, table step "
-        f"1,000; {sizes.burst_s:g} s of burst)",
+        f"1,000; {sizes.burst_s:g} s of burst; at s: when the longest pop began, from "
+        "the burst's start)",
         caption=CAPTION,
     )
     for col in (
@@ -520,6 +528,7 @@ def main(console: Console, sizes: BurstSizes) -> None:
         "from",
         "PoolEmpty",
         "longest pop ms",
+        "at s",
         f"pops > {SLOW_MS:g} ms",
         "p99 ms",
         "empty hits",
@@ -538,6 +547,7 @@ def main(console: Console, sizes: BurstSizes) -> None:
             row.start,
             str(rep.pool_empty),
             f"{lat[-1]:.1f}",
+            f"{rep.longest_at:+.2f}",
             str(rep.slow),
             f"{lat[int(0.99 * (len(lat) - 1))]:.2f}",
             str(row.empty_hits),

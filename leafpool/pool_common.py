@@ -166,7 +166,7 @@ def take_result(head: Range, count: int, code: int) -> list[int] | int:
 
 #: state fields a level reads (HMGET): whether the tag is registered, its low-water mark,
 #: whether its last refill left the reserve short, and what was pushed (consumption)
-LEVEL_FIELDS = ("mode", "low_water", "reserve_due", "pushed_total")
+LEVEL_FIELDS = ("mode", "low_water", "reserve_due", "pushed_total", "target")
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,7 @@ class Level:
     reserve_due: bool
     pushed_total: int
     locked: bool = False
+    target: int = 0
 
     @property
     def known(self) -> bool:
@@ -208,7 +209,9 @@ def level_commands(k: TagKeys, with_lock: bool = False) -> list[tuple[str, ...]]
 
 def level_from(tag: str, replies: Sequence[Any]) -> Level:
     length, fields = replies[0], replies[1]
-    mode, low_water, reserve_due, pushed = (None if v is None else text(v) for v in fields)
+    mode, low_water, reserve_due, pushed, target = (
+        None if v is None else text(v) for v in fields)
     return Level(tag, int(length), mode, int(low_water) if low_water else -1,
                  reserve_due == "1", int(pushed) if pushed else 0,
-                 bool(replies[2]) if len(replies) > 2 else False)
+                 bool(replies[2]) if len(replies) > 2 else False,
+                 int(target) if target else 0)

@@ -72,6 +72,13 @@ def sizing_rate(smoothed: float, instant: float, hint: float = 0.0) -> float:
     return max(smoothed, instant, hint, 0.0)
 
 
+def outgrown(rate: float, seconds: float, target: int, ceiling: int) -> bool:
+    """A pool sized for less than half of what ``rate`` asks (``rate x seconds``) and
+    not at its ceiling: the drop watcher queues a forced refill to resize it now rather
+    than when the list next crosses its low-water mark (half a too-small pool later)."""
+    return 0 < target < ceiling and rate * seconds >= 2 * target
+
+
 def instant_rate(consumed: int, elapsed: float) -> float:
     """IDs/s consumed since the last refill's measurement (0 when no time passed)."""
     return max(consumed, 0) / elapsed if elapsed > 0 else 0.0

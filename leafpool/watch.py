@@ -77,7 +77,11 @@ class DropWatcher:
         queued_seconds: int = 30,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        outgrown: Callable[[Level, float], bool] | None = None,
     ) -> None:
+        """``outgrown(level, rate)``: whether a tag's pool is too small for the rate the
+        watcher sees (then it queues a forced refill, which sizes by that rate); None:
+        only drops below the low-water mark count."""
         if not supported(pool):
             raise LeafpoolError("the drop watcher does not run on a Redis Cluster")
         self.pool = pool
@@ -85,6 +89,7 @@ class DropWatcher:
         self.interval_s = interval_s
         self.queued_seconds = queued_seconds
         self.stats = WatchStats()
+        self._outgrown = outgrown
         self._monotonic = monotonic
         self._wall = wall
         self._stop = threading.Event()
@@ -260,6 +265,13 @@ class DropWatcher:
                 recent = self._rates.setdefault(lv.tag, RecentRate())
                 rates[lv.tag] = recent.add(now, lv.consumed)
         due = due_tags(levels, wanted)
+        if self._outgrown is not None:
+            listed = {d.tag for d in due}
+            due += [
+                Due(lv.tag, lv.mode or "segment", True)
+                for lv in levels
+                if lv.known and lv.tag not in listed and self._outgrown(lv, rates.get(lv.tag, 0.0))
+            ]
         if not due:
             return
         locked = {lv.tag: lv.locked for lv in levels}

@@ -94,3 +94,12 @@ def test_an_idle_tag_read_long_ago_is_not_sized_as_a_flood() -> None:
     recent = RecentRate()
     recent.add(0.0, 0)
     assert recent.add(600.0, 200) == pytest.approx(200 / 600)
+
+
+def test_a_pool_is_outgrown_when_the_rate_asks_for_twice_its_size_below_the_ceiling() -> None:
+    from leafpool.step import outgrown
+
+    assert outgrown(1000.0, 30, 200, 1_000_000)  # 30,000 wanted, 200 held
+    assert not outgrown(1000.0, 30, 20_000, 1_000_000)  # within 2x: the low-water mark
+    assert not outgrown(1e6, 30, 1_000_000, 1_000_000)  # at the ceiling already
+    assert not outgrown(1000.0, 30, 0, 1_000_000)  # never refilled: due anyway

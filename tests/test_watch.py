@@ -223,3 +223,27 @@ def test_a_tag_at_the_floor_that_becomes_busy_is_refilled_before_it_runs_dry(
     # 101 IDs/s for 30 pool seconds: the pool follows the rate, above the floor
     assert int(state[b"target"]) == 3030
     assert r.llen("leafpool:{order}:ids") == 3030
+
+
+def test_a_pool_too_small_for_the_rate_seen_gets_a_forced_refill_before_its_low_water(
+    pool: Pool, r: redis.Redis, queued: Queued
+) -> None:
+    """With an ``outgrown`` rule the watcher resizes a pool as soon as the rate it sees
+    asks for more than twice the pool's target, before the list reaches low-water."""
+    from leafpool.step import outgrown
+
+    filled(pool, r, "order", n=10, low_water=5)
+    w = DropWatcher(
+        pool,
+        queued,
+        interval_s=0.005,
+        outgrown=lambda lv, rate: outgrown(rate, 1000, lv.target, 10**6),
+    ).start()
+    try:
+        assert w.ready.wait(WAIT)
+        r.lpop("leafpool:{order}:ids", 4)  # 6 left: above low-water, but 4 IDs within
+        # seconds at 1,000 pool seconds ask for far more than 10
+        services.wait_until(lambda: queued.tags() == ["order"], WAIT, "forced refill")
+        assert queued.due == [Due("order", "segment", True)]
+    finally:
+        w.stop()

@@ -24,8 +24,9 @@ from celery.beat import PersistentScheduler
 from redis.exceptions import LockError
 
 from leafpool.keys import Keys
-from leafpool.pool import Pool
+from leafpool.pool import Level, Pool
 from leafpool.redis_conn import connect
+from leafpool.step import outgrown as outgrown_by
 from leafpool.sweep import Due
 from leafpool.watch import DropWatcher, supported
 from workers.application import SWEEP_ENTRY, SYNC_ENTRY, settings, watching
@@ -88,11 +89,19 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
                 settings.sweep_seconds,
             )
             return
+        seconds = {"segment": settings.pool_seconds, "snowflake": settings.snowflake_batch_seconds}
+
+        def outgrown(level: Level, rate: float) -> bool:
+            return outgrown_by(
+                rate, seconds.get(level.mode or "segment", 0.0), level.target, settings.pool_ceiling
+            )
+
         self._watcher = DropWatcher(
             self._pool,
             self._queue_refill,
             interval_s=settings.watch_interval_ms / 1000,
             queued_seconds=max(5, settings.lock_ttl_ms // 1000),
+            outgrown=outgrown if settings.burst_sizing else None,
         ).start()
         log.info("beat on %s: drop watcher started", self._identity)
 
