@@ -38,6 +38,11 @@ STANDBY_POLL_SECONDS = 2.0
 #: sent once when this beat takes the lock: the sync registers (and refills) the
 #: database's tags, the sweep refills the tags Redis already knows
 START_ENTRIES = (SYNC_ENTRY, SWEEP_ENTRY)
+#: the watcher's queued marker: short, so a refill task lost on its way (a broker failover
+#: while the beat publishes) holds the tag for seconds, not the sweep's 30 s; a task
+#: still waiting in a busy queue that long is queued twice at worst (the second refill
+#: finds the tag locked or full)
+WATCH_QUEUED_SECONDS = 5
 REFILL_TASKS = {"segment": "leafpool.refill_segment", "snowflake": "leafpool.refill_snowflake"}
 
 
@@ -100,7 +105,7 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
             self._pool,
             self._queue_refill,
             interval_s=settings.watch_interval_ms / 1000,
-            queued_seconds=max(5, settings.lock_ttl_ms // 1000),
+            queued_seconds=WATCH_QUEUED_SECONDS,
             outgrown=outgrown if settings.burst_sizing else None,
         ).start()
         log.info("beat on %s: drop watcher started", self._identity)
