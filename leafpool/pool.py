@@ -7,7 +7,6 @@ This module owns no policy: how much to push and when is :mod:`leafpool.refill`'
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,62 +17,31 @@ from redis.lock import Lock
 
 from leafpool import replicas, scripts
 from leafpool.errors import BackendUnavailable, ReplicasBehind, StaleWrite
-from leafpool.keys import Keys, TagKeys
+from leafpool.keys import Keys
 from leafpool.lock import RefillLock
 from leafpool.pool_common import SNAPSHOT_REPLIES as SNAPSHOT_REPLIES
 from leafpool.pool_common import Level as Level
 from leafpool.pool_common import Range as Range
 from leafpool.pool_common import Snapshot as Snapshot
 from leafpool.pool_common import (
-    as_map,
     ids_from,
-    level_commands,
-    level_from,
     queue_snapshot,
     queue_want,
     register_scripts,
-    snapshot_commands,
     snapshot_from,
-    snapshot_keys,
     take_result,
     text,
 )
-from leafpool.redis_conn import is_cluster, redis_errors, wrap
+from leafpool.pool_many import TAGS_PER_PIPELINE as TAGS_PER_PIPELINE
+from leafpool.pool_many import ManyTags
+from leafpool.pool_many import pack as pack
+from leafpool.redis_conn import redis_errors, wrap
 
 log = logging.getLogger(__name__)
 
-#: tags per pipeline of level reads (the sweep, the drop watcher's full pass)
-LEVEL_CHUNK = 1000
-
-
-def _on(conn: Any, commands: Sequence[tuple[str, ...]], what: str) -> list[Any]:
-    """Send ``commands`` on one raw connection (pipelined) and read their replies."""
-    try:
-        conn.send_packed_command([pack(commands)])
-        return [conn.read_response() for _ in commands]
-    except redis.RedisError as exc:
-        raise wrap(exc, what) from exc
-
-
-#: tags per pipeline when many tags are read or written at once (status, metrics, sync)
-TAGS_PER_PIPELINE = 500
-
-
-def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
-    """Commands in the Redis protocol (RESP arrays of bulk strings), as redis-py's
-    ``pack_commands`` writes them for str, bytes and int arguments, at a third of its
-    cost: 10,000 tags' snapshots are 40,000 commands."""
-    out = bytearray()
-    for command in commands:
-        out += b"*%d\r\n" % len(command)
-        for arg in command:
-            raw = arg if isinstance(arg, bytes) else str(arg).encode()
-            out += b"$%d\r\n%b\r\n" % (len(raw), raw)
-    return bytes(out)
-
-
-class Pool:
-    """Redis operations on the pools under one key prefix."""
+class Pool(ManyTags):
+    """Redis operations on the pools under one key prefix (the reads and writes of many
+    tags at once are :class:`~leafpool.pool_many.ManyTags`'s)."""
 
     acks = 0  # replicas that must acknowledge a pop (LEAFPOOL_POP_REPLICAS; 0: none)
     ack_wait_ms = 100
@@ -89,9 +57,6 @@ class Pool:
         self._record = registered["record"]
         self._drop = registered["drop"]
         self._ids_keys: dict[str, str] = {}
-
-    def tag(self, tag: str) -> TagKeys:
-        return self.keys.tag(tag)
 
     # -- locks ----------------------------------------------------------------------------
 
@@ -209,26 +174,6 @@ class Pool:
             pipe = self.redis.pipeline(transaction=True)
             queue_snapshot(pipe, self.tag(tag))
             return snapshot_from(tag, pipe.execute())
-
-    def snapshots(self, tags: Sequence[str]) -> list[Snapshot]:
-        """Snapshots of many tags, pipelined in chunks of :data:`TAGS_PER_PIPELINE` (one
-        round trip per chunk, not one transaction)."""
-        n = SNAPSHOT_REPLIES
-        if is_cluster(self.redis):  # four commands a tag, split by node
-            raw = self._pipelined("snapshots", tags,
-                                  lambda tag: snapshot_commands(self.tag(tag)))
-            replies = [raw[n * i : n * i + n] for i in range(len(tags))]
-        else:  # one snapshot.lua call a tag (loaded first: a restarted Redis has none)
-            source = scripts.source("snapshot")
-            sha = hashlib.sha1(source.encode()).hexdigest()
-            replies = self._pipelined(
-                "snapshots", tags,
-                lambda tag: [("EVALSHA", sha, 4, *snapshot_keys(self.tag(tag)))],
-                prelude=[("SCRIPT", "LOAD", source)])
-        out = []
-        for tag, (length, reserve, state, locked) in zip(tags, replies, strict=True):
-            out.append(snapshot_from(tag, (length, reserve, as_map(state), locked)))
-        return out
 
     # -- state --------------------------------------------------------------------------
 
@@ -382,118 +327,6 @@ class Pool:
                 self.record(tag, counts={"unacked_ids": len(ids)})
             raise ReplicasBehind(tag, len(ids), acked, self.acks)
         return ids
-
-    # -- many tags at once: the tag sync, status, metrics (docs/design.md §4, §6) ---------
-
-    def _pipelined(self, what: str, tags: Sequence[str],
-                   commands: Callable[[str], list[tuple[Any, ...]]], *,
-                   prelude: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
-        """The raw replies of ``commands(tag)`` for every tag, in order, sent in chunks of
-        :data:`TAGS_PER_PIPELINE` tags (no one pipeline holds the commands of 10,000
-        tags). On one node (or a Sentinel's master) each chunk goes out on one connection
-        as packed commands and is read back without redis-py's per-command pipeline
-        machinery (half the client time of a 10,000-tag status); on a Cluster a pipeline
-        splits each chunk by node. Replies are raw: a hash is a dict (RESP3) or a flat
-        list (RESP2), see :func:`as_map`. ``prelude``: commands sent before the first
-        chunk on the same connection (one node only; their replies are dropped)."""
-        chunks = [[c for tag in tags[lo:lo + TAGS_PER_PIPELINE] for c in commands(tag)]
-                  for lo in range(0, len(tags), TAGS_PER_PIPELINE)]
-        if prelude and chunks and not is_cluster(self.redis):
-            chunks[0] = [*prelude, *chunks[0]]
-        out: list[Any] = []
-        with redis_errors(what):
-            if is_cluster(self.redis):
-                for chunk in chunks:
-                    pipe: Any = self.redis.pipeline(transaction=False)
-                    for command in chunk:
-                        pipe.execute_command(*command)
-                    out += pipe.execute()
-                return out
-            pool = self.redis.connection_pool
-            conn: Any = pool.get_connection()
-            try:
-                for chunk in chunks:
-                    conn.send_packed_command([pack(chunk)])
-                    out += [conn.read_response() for _ in chunk]
-            except BaseException:
-                conn.disconnect()  # replies may be left unread: never reuse it
-                raise
-            finally:
-                pool.release(conn)
-        return out[len(prelude):] if prelude and chunks else out
-
-    def register_many(self, entries: Sequence[tuple[str, str, int, Mapping[str, object]]]
-                      ) -> list[bool]:
-        """:meth:`register` for many ``(tag, mode, now_ms, fields)``, pipelined in chunks:
-        the same commands in the same order for each tag. True for each tag that was new."""
-        by_tag = {tag: (mode, now_ms, fields) for tag, mode, now_ms, fields in entries}
-
-        def commands(tag: str) -> list[tuple[Any, ...]]:
-            mode, now_ms, fields = by_tag[tag]
-            state = self.tag(tag).state
-            pairs = [x for name, value in fields.items() for x in (name, str(value))]
-            return [("SADD", self.keys.tags, tag), ("HSETNX", state, "mode", mode),
-                    ("HSETNX", state, "created_ms", now_ms),
-                    # one reply more for every tag, fields or not: fixed-size replies
-                    ("HSET", state, *pairs) if pairs else ("EXISTS", state)]
-
-        raw = self._pipelined("register", [e[0] for e in entries], commands)
-        return [bool(raw[4 * i]) for i in range(len(entries))]
-
-    def states(self, tags: Sequence[str], names: Sequence[str]) -> list[dict[str, str]]:
-        """``HMGET`` of ``names`` in each tag's state, pipelined in chunks: what the tag
-        sync needs of each tag without reading its lists (absent fields are left out)."""
-        raw = self._pipelined("states", tags,
-                              lambda tag: [("HMGET", self.tag(tag).state, *names)])
-        return [{n: text(v) for n, v in zip(names, values, strict=True) if v is not None}
-                for values in raw]
-
-    def mark_queued_many(self, tags: Sequence[str], seconds: int) -> list[bool]:
-        """:meth:`mark_queued` for many tags, pipelined in chunks."""
-        raw = self._pipelined("mark queued", tags, lambda tag: [
-            ("SET", self.tag(tag).queued, 1, "NX", "EX", seconds)])
-        return [bool(x) for x in raw]
-
-    # -- levels: the sweep and the drop watcher (docs/design.md §3.7) ----------------------
-
-    def levels(self, tags: Sequence[str], with_lock: bool = False) -> list[Level]:
-        """Each tag's :class:`Level` (list length and four state fields): what the sweep
-        reads instead of snapshots, two commands a tag, packed in chunks
-        (:meth:`_pipelined`)."""
-        n = 3 if with_lock else 2
-        raw = self._pipelined("levels", tags,
-                              lambda tag: level_commands(self.tag(tag), with_lock))
-        return [level_from(tag, raw[n * i:n * i + n]) for i, tag in enumerate(tags)]
-
-    def locks_held(self, tags: Sequence[str]) -> list[bool]:
-        """Whether each tag's refill lock is held (a refill is running), in one round trip."""
-        with redis_errors("locks"):
-            pipe = self.redis.pipeline(transaction=False)
-            for tag in tags:
-                pipe.exists(self.tag(tag).lock)
-            return [bool(x) for x in pipe.execute()]
-
-    def tracked_levels(self, conn: Any, tags: Sequence[str]) -> list[Level]:
-        """:meth:`levels` with the lock, read on ``conn``: a connection of the drop watcher
-        with client tracking on, so the next write to any key read here (a pop, a push,
-        the lock taken or released) sends the watcher one invalidation."""
-        out: list[Level] = []
-        for lo in range(0, len(tags), LEVEL_CHUNK):
-            chunk = tags[lo:lo + LEVEL_CHUNK]
-            commands = [c for tag in chunk for c in level_commands(self.tag(tag), True)]
-            raw = _on(conn, commands, "tracked levels")
-            out += [level_from(tag, raw[3 * i:3 * i + 3]) for i, tag in enumerate(chunk)]
-        return out
-
-    def tracked_tags(self, conn: Any) -> list[str]:
-        """The pool's tags, read on the watcher's tracked connection (a tag added or
-        removed sends an invalidation of the set)."""
-        return sorted(text(t) for t in _on(conn, [("SMEMBERS", self.keys.tags)], "tags")[0])
-
-    def tracked_wanted(self, conn: Any) -> int:
-        """How many tags a client found empty, read on the tracked connection (the next
-        ``SADD`` of a client sends an invalidation)."""
-        return int(_on(conn, [("SCARD", self.keys.wanted)], "wanted")[0])
 
     def reserve_head(self, tag: str) -> Range | None:
         with redis_errors(f"{tag}: reserve head"):

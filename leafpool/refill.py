@@ -29,12 +29,13 @@ from leafpool.lock import RefillLock
 from leafpool.pool import Pool, Range, Snapshot
 from leafpool.step import (
     HINT_FRESH_SECONDS,
+    StepRule,
     instant_rate,
     pool_target,
     sizing_rate,
     smooth_rate,
 )
-from leafpool.store import SegmentStore, StepRule
+from leafpool.store import SegmentStore
 from leafpool.tags import register
 
 log = logging.getLogger(__name__)

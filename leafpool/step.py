@@ -8,6 +8,9 @@ halves it, never below the table's ``step``. The durations are settings.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+from leafpool.config import MAX_STEP
 
 
 def next_step(
@@ -105,3 +108,26 @@ class RecentRate:
             return 0.0
         t0, c0 = samples[0]
         return (consumed - c0) / max(now - t0, MIN_SPAN_SECONDS)
+
+
+@dataclass(frozen=True)
+class StepRule:
+    """How the next segment's step is chosen: Leaf's rule applied to how long the last
+    consumed segment lasted (``lasted_seconds``; None when no segment was consumed since
+    the step last changed, which keeps the step). Plain data: the store applies it to the
+    table's ``step`` read in the allocation's transaction."""
+
+    current: int = 0
+    lasted_seconds: float | None = None
+    grow_below: float = 15 * 60
+    shrink_above: float = 30 * 60
+    cap: int = MAX_STEP
+
+    def step(self, table_step: int) -> int:
+        if self.current <= 0:
+            return table_step
+        if self.lasted_seconds is None:
+            return max(min(self.current, max(self.cap, table_step)), table_step)
+        return next_step(self.current, table_step, self.lasted_seconds,
+                         grow_below=self.grow_below, shrink_above=self.shrink_above,
+                         cap=self.cap)

@@ -38,35 +38,12 @@ from leafpool.errors import (
     TagExists,
     UnknownTag,
 )
-from leafpool.step import next_step
+from leafpool.step import StepRule
 from leafpool.tags import validate_tag
 
 log = logging.getLogger(__name__)
 
 FIRST_ID = 1  # IDs start at 1: a Leaf client reads 0 (and below) as a failure result
-
-
-@dataclass(frozen=True)
-class StepRule:
-    """How the next segment's step is chosen: Leaf's rule applied to how long the last
-    consumed segment lasted (``lasted_seconds``; None when no segment was consumed since
-    the step last changed, which keeps the step). Plain data: the store applies it to the
-    table's ``step`` read in the allocation's transaction."""
-
-    current: int = 0
-    lasted_seconds: float | None = None
-    grow_below: float = 15 * 60
-    shrink_above: float = 30 * 60
-    cap: int = MAX_STEP
-
-    def step(self, table_step: int) -> int:
-        if self.current <= 0:
-            return table_step
-        if self.lasted_seconds is None:
-            return max(min(self.current, max(self.cap, table_step)), table_step)
-        return next_step(self.current, table_step, self.lasted_seconds,
-                         grow_below=self.grow_below, shrink_above=self.shrink_above,
-                         cap=self.cap)
 
 
 @dataclass(frozen=True)

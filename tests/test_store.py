@@ -18,7 +18,8 @@ from leafpool.errors import (
     TagExists,
     UnknownTag,
 )
-from leafpool.store import SegmentStore, StepRule
+from leafpool.step import StepRule
+from leafpool.store import SegmentStore
 
 
 def test_init_schema_is_idempotent(store: SegmentStore) -> None:
