@@ -46,7 +46,7 @@ def queue_due(
     free = [d for d, held in zip(due, locked, strict=True) if not held]
     if not free:
         return []
-    marked = [pool.mark_queued(d.tag, queued_seconds) for d in free]
+    marked = pool.mark_queued_many([d.tag for d in free], queued_seconds)  # one round trip
     return [d for d, ok in zip(free, marked, strict=True) if ok]
 
 
