@@ -154,27 +154,6 @@ class BurstRow:
     burst_ids_per_s: float
 
 
-def _worker(env: dict[str, str], home: Path) -> subprocess.Popen[bytes]:
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers",
-        "worker",
-        "-B",
-        "-c",
-        "2",
-        "--loglevel=WARNING",
-        "-s",
-        str(home / "beat-schedule"),
-    ]
-    log = open(home / "worker.log", "ab")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
-    )
-
-
 def _burst_path(
     name: str,
     extra: dict[str, str],
@@ -208,68 +187,62 @@ def _burst_path(
     r = redis.Redis.from_url(url)
     pool = Pool(r, prefix)
     k = pool.tag(tag)
-    worker = _worker(env, home)
-    try:
-        servers.wait_until(
-            lambda: bool(r.hget(k.state, "refills")) and not r.exists(k.lock),
-            60,
-            f"{name}: first fill",
-        )
-        settle = int(r.llen(k.ids))
-        start = time.time() + 0.5
-        phases = [(sizes.warm_s + sizes.steady_s, steady), (sizes.burst_s, BURST_RATE)]
-        ctx = mp.get_context("spawn")
-        out = ctx.Queue()
-        clients = [
-            ctx.Process(target=_client, args=(url, prefix, tag, start, phases, out))
-            for _ in range(CLIENTS)
-        ]
-        for p in clients:
-            p.start()
-        burst_at = start + sizes.warm_s + sizes.steady_s
-        while time.time() < burst_at:
-            time.sleep(0.01)
-        hits0 = int(r.hget(k.state, "empty_hits") or 0)
-        consumed0 = int(r.hget(k.state, "pushed_total") or 0) - int(r.llen(k.ids))
-        want = 0.9 * min(int(env.get("LEAFPOOL_POOL_CEILING", "1000000")), BURST_RATE * 30)
-        resize_s: float | None = None
-        while time.time() < burst_at + sizes.burst_s:
-            if resize_s is None and int(r.hget(k.state, "target") or 0) >= want:
-                resize_s = time.time() - burst_at
-            time.sleep(0.01)
-        consumed1 = int(r.hget(k.state, "pushed_total") or 0) - int(r.llen(k.ids))
-        total = ClientReport()
-        for _ in clients:
-            rep: ClientReport = out.get(timeout=120)
-            total.calls += rep.calls
-            total.ids += rep.ids
-            total.pool_empty += rep.pool_empty
-            total.errors += rep.errors
-            total.slow += rep.slow
-            total.latencies_ms += rep.latencies_ms
-            if rep.longest_ms > total.longest_ms:
-                total.longest_ms, total.longest_at = rep.longest_ms, rep.longest_at - burst_at
-        for p in clients:
-            p.join(30)
-        state = r.hgetall(k.state)
-        return BurstRow(
-            name,
-            f"{steady:,}/s" if steady else f"idle (pool {settle:,})",
-            total,
-            int(state.get(b"empty_hits", 0)) - hits0,
-            resize_s,
-            int(state.get(b"target", 0)),
-            int(state.get(b"allocations", 0)),
-            int(state.get(b"step", 0)),
-            (consumed1 - consumed0) / sizes.burst_s,
-        )
+    try:  # the worker is stopped before its home goes
+        with servers.celery_worker(env, home, name.split()[0]):
+            servers.wait_until(
+                lambda: bool(r.hget(k.state, "refills")) and not r.exists(k.lock),
+                60,
+                f"{name}: first fill",
+            )
+            settle = int(r.llen(k.ids))
+            start = time.time() + 0.5
+            phases = [(sizes.warm_s + sizes.steady_s, steady), (sizes.burst_s, BURST_RATE)]
+            ctx = mp.get_context("spawn")
+            out = ctx.Queue()
+            clients = [
+                ctx.Process(target=_client, args=(url, prefix, tag, start, phases, out))
+                for _ in range(CLIENTS)
+            ]
+            for p in clients:
+                p.start()
+            burst_at = start + sizes.warm_s + sizes.steady_s
+            while time.time() < burst_at:
+                time.sleep(0.01)
+            hits0 = int(r.hget(k.state, "empty_hits") or 0)
+            consumed0 = int(r.hget(k.state, "pushed_total") or 0) - int(r.llen(k.ids))
+            want = 0.9 * min(int(env.get("LEAFPOOL_POOL_CEILING", "1000000")), BURST_RATE * 30)
+            resize_s: float | None = None
+            while time.time() < burst_at + sizes.burst_s:
+                if resize_s is None and int(r.hget(k.state, "target") or 0) >= want:
+                    resize_s = time.time() - burst_at
+                time.sleep(0.01)
+            consumed1 = int(r.hget(k.state, "pushed_total") or 0) - int(r.llen(k.ids))
+            total = ClientReport()
+            for _ in clients:
+                rep: ClientReport = out.get(timeout=120)
+                total.calls += rep.calls
+                total.ids += rep.ids
+                total.pool_empty += rep.pool_empty
+                total.errors += rep.errors
+                total.slow += rep.slow
+                total.latencies_ms += rep.latencies_ms
+                if rep.longest_ms > total.longest_ms:
+                    total.longest_ms, total.longest_at = rep.longest_ms, rep.longest_at - burst_at
+            for p in clients:
+                p.join(30)
+            state = r.hgetall(k.state)
+            return BurstRow(
+                name,
+                f"{steady:,}/s" if steady else f"idle (pool {settle:,})",
+                total,
+                int(state.get(b"empty_hits", 0)) - hits0,
+                resize_s,
+                int(state.get(b"target", 0)),
+                int(state.get(b"allocations", 0)),
+                int(state.get(b"step", 0)),
+                (consumed1 - consumed0) / sizes.burst_s,
+            )
     finally:
-        worker.terminate()
-        try:
-            worker.wait(20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
         r.close()
         store.engine.dispose()
         shutil.rmtree(home, ignore_errors=True)

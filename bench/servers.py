@@ -4,13 +4,21 @@ throwaway data directories), from ``tests/servers.py``, which does not import py
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+from leafpool.children import die_with_parent
 from tests import servers
 from tests.servers import free_port, wait_until
 
-__all__ = ["free_port", "mariadb", "redis", "wait_until"]
+__all__ = ["celery_worker", "free_port", "mariadb", "redis", "wait_until"]
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
@@ -29,3 +37,44 @@ def mariadb() -> Iterator[servers.Server]:
         yield server
     finally:
         server.stop()
+
+
+@contextmanager
+def celery_worker(env: dict[str, str], home: Path, name: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``celery -A workers worker -B -c 2``, killed with its children afterwards."""
+    log = open(home / f"{name}.log", "ab")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers",
+            "worker",
+            "-B",
+            "-c",
+            "2",
+            "--loglevel=WARNING",
+            "-n",
+            f"{name}@%h",
+            "-s",
+            str(home / f"{name}-beat"),
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent(signal.SIGKILL),
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:  # a warm shutdown first: the beat releases its lock
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+        log.close()

@@ -186,47 +186,6 @@ def worker_env(
     return env
 
 
-@contextmanager
-def worker(env: dict[str, str], home: Path, name: str) -> Iterator[subprocess.Popen[bytes]]:
-    """``celery -A workers worker -B -c 2``, killed with its children afterwards."""
-    log = open(home / f"{name}.log", "ab")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "workers",
-            "worker",
-            "-B",
-            "-c",
-            "2",
-            "--loglevel=WARNING",
-            "-n",
-            f"{name}@%h",
-            "-s",
-            str(home / f"{name}-beat"),
-        ],
-        env=env,
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        preexec_fn=die_with_parent(signal.SIGKILL),
-    )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:  # a warm shutdown first: the beat releases its lock
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
-        log.close()
-
-
 # -- the database ----------------------------------------------------------------------------
 
 
@@ -358,7 +317,7 @@ def fill_run(
         env = worker_env(url, broker.extra["url"], db_url, home, **settings)
         run = FillRun(label, sizes.total)
         # warm the hot tag: its pool sized by its rate before the many tags arrive
-        with worker(env, home, f"warm-{label.split()[0]}"):
+        with servers.celery_worker(env, home, f"warm-{label.split()[0]}"):
             servers.wait_until(lambda: r.llen(pool.tag(HOT).ids) > 0, 60, "hot tag filled")
             popper = HotPopper(url, sizes.hot_rate)
             time.sleep(sizes.warm_s)
@@ -366,7 +325,7 @@ def fill_run(
         before = int(r.info("memory")["used_memory"]) - _usage(r, pool, HOT)
         names = insert_tags(store, sizes)
         popper.count()
-        with worker(env, home, f"fill-{label.split()[0]}"):
+        with servers.celery_worker(env, home, f"fill-{label.split()[0]}"):
             started = time.monotonic()
             deadline = started + sizes.fill_timeout_s
             while time.monotonic() < deadline:
