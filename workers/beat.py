@@ -30,6 +30,7 @@ from leafpool.step import outgrown as outgrown_by
 from leafpool.sweep import Due
 from leafpool.watch import DropWatcher, supported
 from workers.application import SWEEP_ENTRY, SYNC_ENTRY, settings, watching
+from workers.tasks import REFILL_TASKS
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,6 @@ START_ENTRIES = (SYNC_ENTRY, SWEEP_ENTRY)
 #: still waiting in a busy queue that long is queued twice at worst (the second refill
 #: finds the tag locked or full)
 WATCH_QUEUED_SECONDS = 5
-REFILL_TASKS = {"segment": "leafpool.refill_segment", "snowflake": "leafpool.refill_snowflake"}
 
 
 class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
@@ -119,7 +119,7 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
         """The watcher's callback: the refill is a Celery task like the sweep's."""
         task = REFILL_TASKS.get(due.mode)
         if task is not None:
-            self.app.send_task(task, args=[due.tag, due.force])
+            self.app.send_task(task.name, args=[due.tag, due.force])
 
     def _send_start_entries(self) -> None:
         self._just_acquired = False

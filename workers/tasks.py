@@ -57,7 +57,7 @@ def sweep() -> dict[str, object]:
     queued = []
     wait = max(5, rt.settings.lock_ttl_ms // 1000)
     for tag, mode, force in sweeping.sweep(rt.pool, queued_seconds=wait):
-        task = {"segment": refill_segment, "snowflake": refill_snowflake}.get(mode)
+        task = REFILL_TASKS.get(mode)
         if task is not None:
             task.delay(tag, force)
             queued.append(tag)
@@ -89,6 +89,11 @@ def refill_snowflakes(tags: list[str], force: bool = False) -> dict[str, object]
                        before=rt.pool.clear_queued).as_dict()
 
 
+#: each mode's refill task (the sweep, the tag sync and the beat's drop watcher queue them)
+REFILL_TASKS = {"segment": refill_segment, "snowflake": refill_snowflake}
+BATCH_REFILL_TASKS = {"segment": refill_segments, "snowflake": refill_snowflakes}
+
+
 @app.task(name="leafpool.sync_tags", autoretry_for=(BackendUnavailable,), max_retries=3,
           retry_backoff=True)
 def sync_tags() -> dict[str, object]:
@@ -103,11 +108,11 @@ def sync_tags() -> dict[str, object]:
                             queued_seconds=rt.settings.visibility_timeout if size > 1 else None)
     for mode, tags in result.added_by_mode().items():
         if size == 1:  # one task per tag
-            single = refill_snowflake if mode == "snowflake" else refill_segment
+            single = REFILL_TASKS[mode]
             for tag in tags:
                 single.delay(tag)
             continue
-        batch = refill_snowflakes if mode == "snowflake" else refill_segments
+        batch = BATCH_REFILL_TASKS[mode]
         for lo in range(0, len(tags), size):
             batch.apply_async((tags[lo:lo + size],), priority=FIRST_FILL_PRIORITY)
     return result.as_dict()
