@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Awaitable, Callable
+from typing import Literal, TypeVar
 
 import redis
 import redis.asyncio as aioredis
@@ -32,6 +32,7 @@ from leafpool.pool_async import AsyncPool
 from leafpool.redis_conn import connect, connect_async
 from leafpool.tags import validate_tag
 
+_T = TypeVar("_T")
 Policy = Literal["raise", "wait", "reserve"]
 POLICIES = ("raise", "wait", "reserve")
 MAX_BATCH = 100_000
@@ -214,7 +215,7 @@ class AsyncClient(_Base):
 
     async def next_id(self, tag: str) -> int:
         if self._replicas != 0:
-            return (await self._acknowledged(tag, 1))[0]
+            return (await self._acknowledged(lambda: self._next_ids(tag, 1)))[0]
         value = await self.pool.pop(tag if tag in self._valid else self._check(tag))
         if value is not None:
             return value
@@ -222,7 +223,7 @@ class AsyncClient(_Base):
 
     async def next_ids(self, tag: str, n: int) -> list[int]:
         if self._replicas != 0:
-            return await self._acknowledged(tag, n)
+            return await self._acknowledged(lambda: self._next_ids(tag, n))
         return await self._next_ids(tag, n)
 
     async def _next_ids(self, tag: str, n: int) -> list[int]:
@@ -232,13 +233,15 @@ class AsyncClient(_Base):
             return got
         return await self._on_empty(tag, n, got)
 
-    async def _acknowledged(self, tag: str, n: int) -> list[int]:
+    async def _acknowledged(self, call: Callable[[], Awaitable[_T]]) -> _T:
+        """``call`` again while too few replicas acknowledge its pop (its IDs were
+        dropped), up to the empty-pool wait; then the last ReplicasBehind is raised."""
         await self.start()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait_seconds
         while True:
             try:
-                return await self._next_ids(tag, n)
+                return await call()
             except ReplicasBehind:
                 if loop.time() >= deadline:
                     raise
@@ -268,15 +271,7 @@ class AsyncClient(_Base):
         tag = tag if tag in self._valid else self._check(tag)
         if self._replicas == 0:
             return await self._coalesced(coalescer, tag)
-        await self.start()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.wait_seconds
-        while True:  # the batch's IDs were dropped unacknowledged: pop again, as next_id
-            try:
-                return await self._coalesced(coalescer, tag)
-            except ReplicasBehind:
-                if loop.time() >= deadline:
-                    raise
+        return await self._acknowledged(lambda: self._coalesced(coalescer, tag))
 
     async def _coalesced(self, coalescer: Coalescer, tag: str) -> int:
         value = await coalescer.take(tag)
