@@ -7,10 +7,11 @@ field and the value and exits 2; an unavailable backend exits 1.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import wraps
 from typing import Annotated, Any, TypeVar
 
@@ -31,6 +32,7 @@ from leafpool.runtime import Runtime
 from leafpool.status import (
     RICH_TABLE_ROWS,
     STATUS_COLUMNS,
+    TagStatus,
     plain_table,
     pool_status,
     status_json,
@@ -194,25 +196,43 @@ def status(
     """Per tag: list length vs target, reserve, step, max_id, rate, time left, last refill."""
     rt = _runtime()
     while True:
-        rows = pool_status(rt.pool)
-        if as_json:  # plain writes: rich's highlighting took seconds for 10,000 tags
-            sys.stdout.write(status_json(rows))
-            sys.stdout.flush()
-        else:
-            cells = [status_row(r) for r in rows]
-            if watch:
-                out.clear()
-            if len(cells) > RICH_TABLE_ROWS:
-                sys.stdout.write(plain_table(cells))
-                sys.stdout.flush()
-            else:
-                table = Table(*STATUS_COLUMNS)
-                for row in cells:
-                    table.add_row(*row)
-                out.print(table)
+        with _collector_paused():
+            _print_status(pool_status(rt.pool), as_json, clear=bool(watch))
         if not watch:
             return
         time.sleep(watch)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector held off while a status is read and printed: the
+    half million objects of 10,000 tags' replies set off its full collections again and
+    again (a fifth of the command's time); the replies hold no cycles."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _print_status(rows: list[TagStatus], as_json: bool, clear: bool) -> None:
+    if as_json:  # plain writes: rich's highlighting took seconds for 10,000 tags
+        sys.stdout.write(status_json(rows))
+        sys.stdout.flush()
+    else:
+        cells = [status_row(r) for r in rows]
+        if clear:
+            out.clear()
+        if len(cells) > RICH_TABLE_ROWS:
+            sys.stdout.write(plain_table(cells))
+            sys.stdout.flush()
+        else:
+            table = Table(*STATUS_COLUMNS)
+            for row in cells:
+                table.add_row(*row)
+            out.print(table)
 
 
 @app.command()

@@ -105,8 +105,9 @@ def text(raw: object) -> str:
 
 def _decode_map(raw: Mapping[bytes, bytes]) -> dict[str, str]:
     try:  # bytes: a client without decode_responses (the common case, decoded at once)
-        return {k.decode(): v.decode() for k, v in raw.items()}
-    except AttributeError:
+        decode = bytes.decode
+        return dict(zip(map(decode, raw.keys()), map(decode, raw.values()), strict=True))
+    except TypeError:
         return {text(k): text(v) for k, v in raw.items()}
 
 
@@ -125,11 +126,6 @@ def snapshot_commands(k: TagKeys) -> list[tuple[Any, ...]]:
     """:func:`queue_snapshot`'s commands as raw commands (many tags in one send)."""
     return [("LLEN", k.ids), ("LRANGE", k.reserve, 0, -1), ("HGETALL", k.state),
             ("EXISTS", k.lock)]
-
-
-def snapshot_keys(k: TagKeys) -> tuple[str, str, str, str]:
-    """KEYS of ``snapshot.lua``: the keys :func:`queue_snapshot` reads, in its order."""
-    return k.ids, k.reserve, k.state, k.lock
 
 
 def as_map(reply: Any) -> Mapping[Any, Any]:

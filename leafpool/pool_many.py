@@ -5,13 +5,11 @@ commands."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis
 
-from leafpool import scripts
 from leafpool.keys import Keys, TagKeys
 from leafpool.pool_common import (
     SNAPSHOT_REPLIES,
@@ -22,7 +20,6 @@ from leafpool.pool_common import (
     level_from,
     snapshot_commands,
     snapshot_from,
-    snapshot_keys,
     text,
 )
 from leafpool.redis_conn import is_cluster, redis_errors, wrap
@@ -69,41 +66,30 @@ class ManyTags:
 
     def snapshots(self, tags: Sequence[str]) -> list[Snapshot]:
         """Snapshots of many tags, pipelined in chunks of :data:`TAGS_PER_PIPELINE` (one
-        round trip per chunk, not one transaction)."""
+        round trip per chunk, not one transaction): each tag's four reads as plain
+        commands. A script per tag (``snapshot.lua``, one reply instead of four) cost
+        Redis 2.6x the CPU (111 ms against 42 ms for 10,000 tags) and saved the client
+        nothing once the replies are read raw."""
         n = SNAPSHOT_REPLIES
-        if is_cluster(self.redis):  # four commands a tag, split by node
-            raw = self._pipelined("snapshots", tags,
-                                  lambda tag: snapshot_commands(self.tag(tag)))
-            replies = [raw[n * i : n * i + n] for i in range(len(tags))]
-        else:  # one snapshot.lua call a tag (loaded first: a restarted Redis has none)
-            source = scripts.source("snapshot")
-            sha = hashlib.sha1(source.encode()).hexdigest()
-            replies = self._pipelined(
-                "snapshots", tags,
-                lambda tag: [("EVALSHA", sha, 4, *snapshot_keys(self.tag(tag)))],
-                prelude=[("SCRIPT", "LOAD", source)])
-        out = []
-        for tag, (length, reserve, state, locked) in zip(tags, replies, strict=True):
-            out.append(snapshot_from(tag, (length, reserve, as_map(state), locked)))
-        return out
+        raw = self._pipelined("snapshots", tags, lambda tag: snapshot_commands(self.tag(tag)))
+        return [
+            snapshot_from(tag, (raw[i], raw[i + 1], as_map(raw[i + 2]), raw[i + 3]))
+            for tag, i in zip(tags, range(0, n * len(tags), n), strict=True)
+        ]
 
     # -- many tags at once: the tag sync, status, metrics (docs/design.md §4, §6) ---------
 
     def _pipelined(self, what: str, tags: Sequence[str],
-                   commands: Callable[[str], list[tuple[Any, ...]]], *,
-                   prelude: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
+                   commands: Callable[[str], list[tuple[Any, ...]]]) -> list[Any]:
         """The raw replies of ``commands(tag)`` for every tag, in order, sent in chunks of
         :data:`TAGS_PER_PIPELINE` tags (no one pipeline holds the commands of 10,000
         tags). On one node (or a Sentinel's master) each chunk goes out on one connection
         as packed commands and is read back without redis-py's per-command pipeline
         machinery (half the client time of a 10,000-tag status); on a Cluster a pipeline
         splits each chunk by node. Replies are raw: a hash is a dict (RESP3) or a flat
-        list (RESP2), see :func:`as_map`. ``prelude``: commands sent before the first
-        chunk on the same connection (one node only; their replies are dropped)."""
+        list (RESP2), see :func:`as_map`."""
         chunks = [[c for tag in tags[lo:lo + TAGS_PER_PIPELINE] for c in commands(tag)]
                   for lo in range(0, len(tags), TAGS_PER_PIPELINE)]
-        if prelude and chunks and not is_cluster(self.redis):
-            chunks[0] = [*prelude, *chunks[0]]
         out: list[Any] = []
         with redis_errors(what):
             if is_cluster(self.redis):
@@ -124,7 +110,7 @@ class ManyTags:
                 raise
             finally:
                 pool.release(conn)
-        return out[len(prelude):] if prelude and chunks else out
+        return out
 
     def register_many(self, entries: Sequence[tuple[str, str, int, Mapping[str, object]]]
                       ) -> list[bool]:

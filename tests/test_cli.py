@@ -131,3 +131,22 @@ def test_decode_agrees_with_leafs_decoder(cli: Run) -> None:
     for bad_id in ("x12", str(2**63)):
         bad = cli("decode", bad_id)
         assert bad.returncode == 2 and f"id='{bad_id}' is not valid" in bad.stderr
+
+
+def test_status_holds_the_garbage_collector_off_only_while_it_reads() -> None:
+    import gc
+
+    from leafpool.cli import _collector_paused
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), _collector_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("Redis went away mid-read")
+    assert gc.isenabled()  # back on after an error
+    gc.disable()
+    try:
+        with _collector_paused():
+            pass
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()

@@ -113,12 +113,3 @@ def test_status_output_json_and_plain_table(pool: Pool) -> None:
     assert lines[1].startswith("order ") and "database down (" in lines[1]
     assert lines[2].startswith("sf ") and "w 5,9" in lines[2]
 
-
-def test_status_reads_after_redis_forgot_its_scripts(pool: Pool) -> None:
-    """The snapshot script is loaded by each read (a restarted Redis has no scripts)."""
-    pool.register("order", "segment", 0, step=10)
-    pool.redis.rpush(pool.tag("order").ids, 1, 2, 3)
-    assert [st.length for st in pool_status(pool)] == [3]
-    pool.redis.script_flush()
-    assert [st.length for st in pool_status(pool)] == [3]
-    assert pool_status(pool, []) == []
