@@ -227,8 +227,11 @@ def test_pack_writes_what_redis_py_writes() -> None:
         ("HSET", "k", "f", "värde", b"\x00\r\n", 7),
         ("SET", "q", 1, "NX", "EX", 30),
         ("HMGET", "s", "mode"),
+        ("SET", "1", "1", 1.5, "1.5"),  # a repeated string is looked up, a number is not
     ]
-    assert pack(commands) == b"".join(Connection().pack_commands(commands))
+    expected = b"".join(Connection().pack_commands(commands))
+    assert pack(commands) == expected
+    assert pack(commands) == expected  # the second time from the looked-up encodings
 
 
 def test_new_tags_are_marked_queued_before_they_are_registered(
