@@ -51,6 +51,8 @@ CLIENTS = 4
 BURST_RATE = 50_000
 STEADY_RATE = 1_000
 SLOW_MS = 100.0
+#: Redis's latency monitor records its own events (fsync, fork, commands) above this
+STALL_MS = 50
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class ClientReport:
     slow: int = 0  # pops over SLOW_MS
     longest_ms: float = 0.0
     longest_at: float = 0.0  # wall clock when the longest pop started
+    slow_at: list[float] = field(default_factory=list)  # wall clock of each slow pop's start
     latencies_ms: list[float] = field(default_factory=list)
 
 
@@ -132,7 +135,9 @@ def _client(
                 report.errors += 1
             ms = (time.perf_counter() - t0) * 1000
             report.calls += 1
-            report.slow += ms > SLOW_MS
+            if ms > SLOW_MS:
+                report.slow += 1
+                report.slow_at.append(began)
             report.latencies_ms.append(ms)
             if ms > report.longest_ms:
                 report.longest_ms, report.longest_at = ms, began
@@ -152,6 +157,8 @@ class BurstRow:
     allocations: int
     step: int
     burst_ids_per_s: float
+    stalls: str = ""  # Redis's own latency events over STALL_MS (LATENCY LATEST)
+    aof_rewrites: int = 0
 
 
 def _burst_path(
@@ -195,6 +202,9 @@ def _burst_path(
                 f"{name}: first fill",
             )
             settle = int(r.llen(k.ids))
+            r.config_set("latency-monitor-threshold", STALL_MS)
+            r.execute_command("LATENCY", "RESET")
+            rewrites0 = int(r.info("persistence")["aof_rewrites"])
             start = time.time() + 0.5
             phases = [(sizes.warm_s + sizes.steady_s, steady), (sizes.burst_s, BURST_RATE)]
             ctx = mp.get_context("spawn")
@@ -225,12 +235,15 @@ def _burst_path(
                 total.pool_empty += rep.pool_empty
                 total.errors += rep.errors
                 total.slow += rep.slow
+                total.slow_at += [at - burst_at for at in rep.slow_at]
                 total.latencies_ms += rep.latencies_ms
                 if rep.longest_ms > total.longest_ms:
                     total.longest_ms, total.longest_at = rep.longest_ms, rep.longest_at - burst_at
             for p in clients:
                 p.join(30)
             state = r.hgetall(k.state)
+            stalls = _stalls(r)
+            aof_rewrites = int(r.info("persistence")["aof_rewrites"]) - rewrites0
             return BurstRow(
                 name,
                 f"{steady:,}/s" if steady else f"idle (pool {settle:,})",
@@ -241,11 +254,21 @@ def _burst_path(
                 int(state.get(b"allocations", 0)),
                 int(state.get(b"step", 0)),
                 (consumed1 - consumed0) / sizes.burst_s,
+                stalls,
+                aof_rewrites,
             )
     finally:
         r.close()
         store.engine.dispose()
         shutil.rmtree(home, ignore_errors=True)
+
+
+def _stalls(r: redis.Redis) -> str:
+    """Redis's latency events since the reset: ``event max ms``, one per kind."""
+    latest = r.execute_command("LATENCY", "LATEST")
+    events = sorted((e[0].decode() if isinstance(e[0], bytes) else str(e[0]), int(e[3]))
+                    for e in latest)
+    return ", ".join(f"{name} {worst} ms" for name, worst in events) or "none"
 
 
 def bursts(sizes: BurstSizes) -> list[BurstRow]:
@@ -510,8 +533,11 @@ def main(console: Console, sizes: BurstSizes) -> None:
         "IDs/s served in burst",
         "allocations",
         "step after",
+        f"Redis events > {STALL_MS} ms",
+        "AOF rewrites",
     ):
-        table.add_column(col, justify="left" if col in ("path", "from") else "right")
+        left = col in ("path", "from") or col.startswith("Redis events")
+        table.add_column(col, justify="left" if left else "right")
     for row in rows:
         rep = row.report
         lat = sorted(rep.latencies_ms) or [0.0]
@@ -529,8 +555,15 @@ def main(console: Console, sizes: BurstSizes) -> None:
             f"{row.burst_ids_per_s:,.0f}",
             str(row.allocations),
             f"{row.step:,}",
+            row.stalls,
+            str(row.aof_rewrites),
         )
     console.print(table)
+    for row in rows:
+        if row.report.slow_at:
+            starts = ", ".join(f"{at:+.2f}" for at in sorted(row.report.slow_at))
+            console.print(f"{row.name}, from {row.start}: pops over {SLOW_MS:g} ms began at "
+                          f"{starts} s from the burst's start")
 
     trig = Table(
         title=f"Hearing the drops of one tag popped {BURST_RATE:,} times a second "
