@@ -18,7 +18,7 @@ from rich.table import Table
 from bench import pools, servers
 from bench.measure import Result
 
-console = Console(width=140)
+console = Console(width=200)
 
 
 def _fmt_rate(value: float) -> str:
