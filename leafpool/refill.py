@@ -40,6 +40,11 @@ from leafpool.tags import register
 
 log = logging.getLogger(__name__)
 
+#: after a failed refill, how long the sweep and the drop watcher leave the tag to Celery's
+#: retry (at most the retry backoff's maximum): at most one more refill this often while a
+#: backend is down, and a lost retry delays the tag's next refill no longer than this
+FAILED_HOLD_SECONDS = 5
+
 MAX_ALLOCATIONS_PER_REFILL = 16
 # A client taking from the reserve (policy "reserve") moves its head under a running
 # refill; the refill reads the reserve again and carries on, this many times at most.
@@ -136,10 +141,14 @@ class Refiller(ABC):
         with contextlib.suppress(BackendUnavailable):  # Redis down: the exception says so
             # reserve_due: a failed refill may have left the reserve short; the sweep
             # queues the tag again (the next refill that tops it up clears the flag).
-            # Until then the queued marker holds the triggers off for the longest retry
-            # backoff (Celery retries this refill meanwhile): without it the drop watcher
-            # would queue a refill against a database that is down as fast as each fails
-            # (set while the lock is held, so the watcher hears the release after it)
+            # Until then the queued marker holds the triggers off for a few seconds
+            # (FAILED_HOLD_SECONDS; Celery retries this refill meanwhile): without it the
+            # drop watcher would queue a refill against a database that is down as fast as
+            # each fails (set while the lock is held, so the watcher hears the release after
+            # it). Not for the whole retry backoff: a retry waits in its worker's memory and
+            # is lost with it (Celery's worker can exit on a broker failover), and the tag
+            # would have no trigger until the marker expired (30 s, seen in the Sentinel
+            # failover test)
             registered = self.pool.record(
                 tag,
                 counts={"refill_failures": 1},
@@ -150,7 +159,8 @@ class Refiller(ABC):
                 last_refill_result=f"failed: {type(exc).__name__}",
             )
             if registered:  # a dropped tag gets no stray key
-                hold = max(1, math.ceil(self.settings.refill_retry_backoff_max))
+                backoff = math.ceil(self.settings.refill_retry_backoff_max)
+                hold = max(1, min(FAILED_HOLD_SECONDS, backoff))
                 self.pool.mark_queued(tag, hold)
 
     def _measure(self, snap: Snapshot, pool_seconds: float) -> Measure:

@@ -18,7 +18,7 @@ from leafpool.errors import (
 )
 from leafpool.lock import RefillLock
 from leafpool.pool import Pool
-from leafpool.refill import SegmentRefiller
+from leafpool.refill import FAILED_HOLD_SECONDS, SegmentRefiller
 from leafpool.store import SegmentStore
 from tests.clocks import FakeWallClock
 
@@ -311,9 +311,11 @@ def test_the_refill_records_whether_it_left_the_reserve_short(
     with pytest.raises(BackendUnavailable):
         SegmentRefiller(pool, dead, settings, wall=clock).refill("order")
     assert pool.snapshot("order").state["reserve_due"] == "1"  # the sweep queues it again
-    # ... once the retries' backoff is over: until then no trigger queues another refill
+    # ... after a short hold: until then no trigger queues another refill (Celery's retry
+    # does), and not for the whole retry backoff (a retry lost with its worker would leave
+    # the tag without a trigger that long)
     ttl = pool.redis.ttl("leafpool:{order}:queued")
-    assert 0 < ttl <= settings.refill_retry_backoff_max
+    assert 0 < ttl <= FAILED_HOLD_SECONDS < settings.refill_retry_backoff_max
 
 
 @pytest.mark.parametrize("burst_sizing", [True, False])
