@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import redis
@@ -56,44 +57,43 @@ def _url_auth(url: str) -> dict[str, Any]:
     return {k: parsed[k] for k in ("db", "username", "password") if parsed.get(k) is not None}
 
 
-def connect_url(url: str, *, timeout: float = 5.0) -> redis.Redis:
-    """One Redis node by URL."""
-    return redis.Redis.from_url(url, **_options(timeout))
+@dataclass(frozen=True)
+class _Flavour:
+    """redis-py's classes of one flavour (blocking or asyncio): one node, a Cluster and a
+    Sentinel group."""
+
+    node: Any
+    cluster: Any
+    sentinel: Any
+
+
+_BLOCKING = _Flavour(redis.Redis, RedisCluster, Sentinel)
+_ASYNCIO = _Flavour(aioredis.Redis, AsyncRedisCluster, AsyncSentinel)
+
+
+def _open(flavour: _Flavour, settings: Settings | str, timeout: float) -> Any:
+    if isinstance(settings, str):
+        return flavour.node.from_url(settings, **_options(timeout))
+    topology = settings.redis_topology
+    if topology == "cluster":
+        return flavour.cluster.from_url(
+            settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    if topology == "sentinel":
+        sentinel = flavour.sentinel(list(settings.sentinels),
+                                    sentinel_kwargs=_options(timeout), **_options(timeout))
+        return sentinel.master_for(settings.redis_master_name,
+                                   **_url_auth(settings.redis_url), **_options(timeout))
+    return flavour.node.from_url(settings.redis_url, **_options(timeout))
 
 
 def connect(settings: Settings | str, *, timeout: float = 5.0) -> RedisClient:
     """The pools' Redis in the configured topology (a bare URL: one node)."""
-    if isinstance(settings, str):
-        return connect_url(settings, timeout=timeout)
-    topology = settings.redis_topology
-    if topology == "cluster":
-        return cast(RedisClient, RedisCluster.from_url(
-            settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout))
-    if topology == "sentinel":
-        sentinel = Sentinel(list(settings.sentinels),  # type: ignore[no-untyped-call]
-                            sentinel_kwargs=_options(timeout), **_options(timeout))
-        master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-            settings.redis_master_name, **_url_auth(settings.redis_url), **_options(timeout))
-        return master
-    return connect_url(settings.redis_url, timeout=timeout)
+    return cast(RedisClient, _open(_BLOCKING, settings, timeout))
 
 
 def connect_async(settings: Settings | str, *, timeout: float = 5.0) -> AsyncRedisClient:
     """The asyncio twin of :func:`connect`."""
-    if isinstance(settings, str):
-        return aioredis.Redis.from_url(settings, **_options(timeout))
-    topology = settings.redis_topology
-    if topology == "cluster":
-        return cast(AsyncRedisClient, AsyncRedisCluster.from_url(
-            settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout))
-    if topology == "sentinel":
-        sentinel = AsyncSentinel(list(settings.sentinels),  # type: ignore[no-untyped-call]
-                                 sentinel_kwargs=_options(timeout), **_options(timeout))
-        master: aioredis.Redis = sentinel.master_for(settings.redis_master_name,
-                                                     **_url_auth(settings.redis_url),
-                                                     **_options(timeout))
-        return master
-    return aioredis.Redis.from_url(settings.redis_url, **_options(timeout))
+    return cast(AsyncRedisClient, _open(_ASYNCIO, settings, timeout))
 
 
 @contextmanager
@@ -101,8 +101,6 @@ def redis_errors(what: str) -> Iterator[None]:
     """Wrap redis-py's errors at the boundary: ``what`` names the tag and the command."""
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise BackendUnavailable(f"redis: {what}: {exc}") from exc
     except redis.RedisError as exc:
         raise BackendUnavailable(f"redis: {what}: {exc}") from exc
 
