@@ -47,6 +47,7 @@ import redis
 from leafpool.children import die_with_parent
 from leafpool.config import Settings, default_home
 from leafpool.errors import BackendUnavailable, TagExists
+from leafpool.redis_conn import connect
 from leafpool.runtime import Runtime
 from leafpool.tags import register
 
@@ -139,7 +140,7 @@ class Embedded:
         return [c for c in self.children if c.proc.poll() is not None]
 
     def ensure_redis(self) -> None:
-        client = redis.Redis.from_url(self.settings.redis_url, socket_connect_timeout=1)
+        client = connect(self.settings.redis_url, timeout=1.0)
         with contextlib.suppress(redis.ConnectionError):
             client.ping()
             self.say(f"  redis answers at {self.settings.redis_url}")
