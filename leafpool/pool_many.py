@@ -5,7 +5,6 @@ commands."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -48,20 +47,31 @@ def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
     cost: 10,000 tags' snapshots are 40,000 commands, and most of their arguments (command
     and field names) repeat, so a string's encoding is looked up, not rebuilt."""
     out = bytearray()
+    known = _encoded.get
     for command in commands:
         out += b"*%d\r\n" % len(command)
         for arg in command:
-            out += _bulk_str(arg) if type(arg) is str else _bulk(arg)
+            # only str arguments are looked up: 1 and True are one dict key but not one
+            # argument
+            enc = known(arg) if type(arg) is str else None
+            out += enc if enc is not None else _bulk(arg)
     return bytes(out)
 
 
 def _bulk(arg: object) -> bytes:
     raw = arg if isinstance(arg, bytes) else str(arg).encode()
-    return b"$%d\r\n%b\r\n" % (len(raw), raw)
+    enc = b"$%d\r\n%b\r\n" % (len(raw), raw)
+    if type(arg) is str and len(_encoded) < _ENCODED_MAX:
+        _encoded[arg] = enc
+    return enc
 
 
-#: only str arguments are looked up: 1 and True are one dict key but not one argument
-_bulk_str = functools.lru_cache(maxsize=4096)(_bulk)
+#: encodings of the first strings packed, kept: command and field names come first and
+#: repeat in every tag's commands. Filled up to a bound and never evicted (an LRU cache
+#: evicted them while 10,000 distinct key names went through it, and cost more than it
+#: saved); a key name that gets in is only a wasted entry.
+_ENCODED_MAX = 4096
+_encoded: dict[str, bytes] = {}
 
 
 class ManyTags:

@@ -254,3 +254,14 @@ def test_new_tags_are_marked_queued_before_they_are_registered(
     assert len(result.added) == 33 and seen == [True] * 33
     assert not r.exists(pool.tag("kept").queued)  # only the new ones
     assert 0 < r.ttl(pool.tag("s0000").queued) <= 60
+
+
+def test_pack_keeps_a_bounded_number_of_encodings() -> None:
+    from redis.connection import Connection
+
+    from leafpool import pool_many
+
+    commands = [("LLEN", f"leafpool:{{t{i}}}:ids") for i in range(2 * pool_many._ENCODED_MAX)]
+    assert pool_many.pack(commands) == b"".join(Connection().pack_commands(commands))
+    assert len(pool_many._encoded) <= pool_many._ENCODED_MAX
+    assert pool_many.pack(commands) == b"".join(Connection().pack_commands(commands))
