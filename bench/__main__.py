@@ -3,7 +3,7 @@ printed as tables with ratios against the baselines named in the issues.
 
 ``--quick`` runs fewer operations; ``--smoke`` runs every section with tiny sizes in
 seconds, to prove the benchmarks run (its figures mean nothing): the test suite runs it
-with only what the ``bench`` extra installs (tests/test_bench_imports.py)."""
+with only what the ``bench`` extra installs (tests/system/test_bench_imports.py)."""
 
 from __future__ import annotations
 

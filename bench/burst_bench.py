@@ -41,9 +41,9 @@ from sqlalchemy import text
 
 from bench import servers
 from leafpool.children import die_with_parent
-from leafpool.pool import Pool
-from leafpool.store import SegmentStore
-from leafpool.sweep import snapshot_sweep, sweep
+from leafpool.housekeeping.sweep import snapshot_sweep, sweep
+from leafpool.redis.pool import Pool
+from leafpool.segment.store import SegmentStore
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = 50
@@ -109,8 +109,8 @@ def _client(
     """Pop ``next_ids(BATCH)`` at each phase's rate (this process's share), paced from
     ``start`` (wall clock, shared by the processes); late calls catch up at once."""
     from leafpool.client import Client
-    from leafpool.config import load_settings
-    from leafpool.errors import LeafpoolError, PoolEmpty
+    from leafpool.core.config import load_settings
+    from leafpool.core.errors import LeafpoolError, PoolEmpty
 
     client = Client(settings=load_settings(redis_url=url, key_prefix=prefix), policy="wait")
     report = ClientReport()
@@ -354,7 +354,8 @@ class Cost:
 
 
 def sweep_costs(n: int, rounds: int = 5) -> tuple[list[Cost], int]:
-    from leafpool.watch import DropWatcher
+    from leafpool.housekeeping.watch import DropWatcher
+    from leafpool.redis.tracking import Tracking
 
     with servers.redis("--appendfsync", "everysec") as rs:
         r = redis.Redis.from_url(rs.extra["url"])
@@ -369,7 +370,8 @@ def sweep_costs(n: int, rounds: int = 5) -> tuple[list[Cost], int]:
             Cost("now: drop watcher, 100 tags touched since their last read"),
         )
         watcher = DropWatcher(pool, lambda due: None)
-        sub, reader = watcher._connect()
+        tracking = Tracking(pool.redis).open()
+        reader = tracking.reader
         try:
             tags = pool.tags()
             for _ in range(rounds):
@@ -385,8 +387,7 @@ def sweep_costs(n: int, rounds: int = 5) -> tuple[list[Cost], int]:
                     ),
                 )
         finally:
-            sub.disconnect()
-            reader.disconnect()
+            tracking.close()
         r.close()
     return [old, new, full, dirty], n
 
@@ -449,7 +450,7 @@ def triggers(seconds: float, pops_per_s: int = BURST_RATE) -> list[Trigger]:
     watcher (client tracking: one invalidation per read, read again every 10 ms)."""
     import threading
 
-    from leafpool.watch import DropWatcher
+    from leafpool.housekeeping.watch import DropWatcher
 
     out = []
     with servers.redis("--appendfsync", "everysec") as rs:

@@ -39,7 +39,7 @@ from starlette.applications import Starlette
 from bench import servers
 from bench.servers import free_port, wait_until
 from leafpool.children import die_with_parent
-from leafpool.pool import Pool
+from leafpool.redis.pool import Pool
 
 console = Console(width=170)
 ROOT = Path(__file__).resolve().parent.parent  # the servers import bench.http_bench
@@ -243,7 +243,7 @@ def measure(name: str, url: str, ids_per_request: int, loadgen: str, duration: f
 def _installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
-    except ImportError:  # tests/test_bench_imports.py blocks what the extra lacks
+    except ImportError:  # tests/system/test_bench_imports.py blocks what the extra lacks
         return False
 
 
@@ -262,7 +262,7 @@ def median_run(runs: list[Run]) -> Run:
 class Config:
     """One server process: which ASGI server, whether the bare single-ID request takes
     the lean path (leafpool/http/fast.py) or Starlette's router, and whether
-    single-ID requests share pops (leafpool/coalesce.py)."""
+    single-ID requests share pops (leafpool/redis/coalesce.py)."""
 
     server: str
     lean: bool = True

@@ -27,11 +27,11 @@ from bench import servers
 from bench.measure import Result, interleaved
 from leafpool.children import die_with_parent
 from leafpool.client import Client
-from leafpool.config import load_settings
-from leafpool.lock import RefillLock
-from leafpool.pool import Pool, Range
-from leafpool.refill import SegmentRefiller
-from leafpool.store import SegmentStore
+from leafpool.core.config import load_settings
+from leafpool.redis.lock import RefillLock
+from leafpool.redis.pool import Pool, Range
+from leafpool.segment.refiller import SegmentRefiller
+from leafpool.segment.store import SegmentStore
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG = "bench"
@@ -156,7 +156,7 @@ def latency_during_refills(
             # CPU Redis and the measuring client need (in production they run elsewhere)
             nice = ["nice", "-n", "19", sys.executable]
             procs.append(subprocess.Popen(
-                [*nice, "-m", "tests.roles", "refiller", tag], env=env,
+                [*nice, "-m", "tests.support.roles", "refiller", tag], env=env,
                 stdout=subprocess.DEVNULL, cwd=ROOT, preexec_fn=die_with_parent()))
             procs.append(subprocess.Popen([*nice, "-c", DRAINER, url, key],
                                           preexec_fn=die_with_parent()))

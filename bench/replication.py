@@ -10,7 +10,7 @@ In one run, side by side, single-ID pops (``Client.next_id``) and 100-ID pops
 4. master + 1 replica, ``always``, ``LEAFPOOL_POP_REPLICAS=1``;
 5. a Redis Cluster (3 masters with 1 replica each), ``always``, ``LEAFPOOL_POP_REPLICAS=1``.
 
-Every topology runs at once on loopback (tests/topologies.py, stopped at the end); rounds
+Every topology runs at once on loopback (tests/support/topologies.py, stopped at the end); rounds
 of the five are interleaved so that a noisy machine weighs on all of them alike, and each
 ratio against row 1 is taken round by round (the median, and the range over the rounds).
 Before each round every pool is topped up the way a refiller does it (fenced pushes under
@@ -34,11 +34,11 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.measure import Result, interleaved
-from leafpool import replicas
 from leafpool.client import Client
-from leafpool.config import load_settings
-from leafpool.pool import Pool, Range
-from tests import topologies
+from leafpool.core.config import load_settings
+from leafpool.redis import replicas
+from leafpool.redis.pool import Pool, Range
+from tests.support import topologies
 
 BATCH = 100
 PUSH_CHUNK = 10_000  # IDs per fenced push while filling (setup, not measured)

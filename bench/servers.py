@@ -1,5 +1,5 @@
 """Servers for the benchmarks: the same launchers the tests use (loopback, free ports,
-throwaway data directories), from ``tests/servers.py``, which does not import pytest (the
+throwaway data directories), from ``tests/support/servers.py``, which does not import pytest (the
 ``bench`` extra does not install it)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from leafpool.children import die_with_parent
-from tests import servers
-from tests.servers import free_port, wait_until
+from tests.support import servers
+from tests.support.servers import free_port, wait_until
 
 __all__ = ["celery_worker", "free_port", "mariadb", "redis", "wait_until"]
 

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from leafpool.snowflake import IDS_PER_MS, SnowflakeGenerator
+from leafpool.core.snowflake_layout import IDS_PER_MS
+from leafpool.snowflake.generator import SnowflakeGenerator
 
 CAP_PER_S = IDS_PER_MS * 1000
 ROUNDS = 5

@@ -9,7 +9,7 @@ broker, so the pools' Redis CPU is the pools' alone) and MariaDB:
 - the first fill: N tags inserted with SQL, then one ``celery -A workers worker -B -c 2``
   started; the time until every tag has IDs, today's batch tasks against one task per
   tag (``LEAFPOOL_REFILL_BATCH_SIZE=1``, the path before), on MariaDB and on SQLite;
-- with every tag filled: one sweep (``leafpool.sweep.sweep`` called here: its time in
+- with every tag filled: one sweep (``leafpool.housekeeping.sweep.sweep`` called here: its time in
   this process and Redis CPU), one /metrics scrape (``metrics.render``, what the HTTP
   endpoint runs), ``leafpool status --json`` (a process of its own) and, in-process,
   the status and scrape as they were before (one pipeline, ``asdict``, rich's JSON,
@@ -44,8 +44,8 @@ from sqlalchemy import text
 
 from bench import servers
 from leafpool.children import die_with_parent
-from leafpool.pool import Pool
-from leafpool.store import SegmentStore
+from leafpool.redis.pool import Pool
+from leafpool.segment.store import SegmentStore
 
 ROOT = Path(__file__).resolve().parent.parent
 HOT = "a-hot"  # sorts first: its first fill comes in the first batch
@@ -236,7 +236,7 @@ def insert_tags(store: SegmentStore, sizes: TagsSizes, hot: bool = True) -> list
 def sync_per_tag(pool: Pool, store: SegmentStore) -> int:
     """The tag sync's registration before it was pipelined: whole snapshots of the known
     tags in one pipeline, then one round trip per new tag (``tags.register``)."""
-    from leafpool.tags import register
+    from leafpool.redis.register import register
 
     known = pool.tags()
     snaps = {s.tag: s for s in _OnePipeline(pool.redis).snapshots(known)}
@@ -258,7 +258,7 @@ class _OnePipeline(Pool):
     """Snapshots of every tag in one pipeline, through redis-py's pipeline (before)."""
 
     def snapshots(self, tags: list[str]) -> list:  # type: ignore[override,type-arg]
-        from leafpool.pool_common import SNAPSHOT_REPLIES, queue_snapshot, snapshot_from
+        from leafpool.redis.pool_common import SNAPSHOT_REPLIES, queue_snapshot, snapshot_from
 
         pipe = self.redis.pipeline(transaction=False)
         for tag in tags:
@@ -368,8 +368,8 @@ def _lengths(r: redis.Redis, pool: Pool, names: list[str]) -> list[int]:
 def read_costs(
     r: redis.Redis, url: str, pool: Pool, env: dict[str, str], before_status: bool
 ) -> dict[str, Cost]:
+    from leafpool.housekeeping.sweep import sweep
     from leafpool.metrics import make_registry, render
-    from leafpool.sweep import sweep
 
     costs: dict[str, Cost] = {}
     sweeps = []
@@ -378,9 +378,8 @@ def read_costs(
             sweep(pool, 5)
         sweeps.append(cost)
     sweeps.sort(key=lambda c: c.cpu_s)
-    costs[f"one sweep (leafpool.sweep.sweep; median of {STATUS_RUNS} by CPU)"] = sweeps[
-        len(sweeps) // 2
-    ]
+    sweep_name = f"one sweep (leafpool.housekeeping.sweep.sweep; median of {STATUS_RUNS} by CPU)"
+    costs[sweep_name] = sweeps[len(sweeps) // 2]
     registry = make_registry(pool)
     with measured(r) as costs["one /metrics scrape (metrics.render)"]:
         render(registry)
@@ -413,7 +412,7 @@ def read_costs(
 
 def sync_costs(sizes: TagsSizes, db_url: str) -> tuple[Cost, Cost]:
     """The sync of N rows into an empty Redis: pipelined (today) and per tag (before)."""
-    from leafpool.sync import sync_tags
+    from leafpool.housekeeping.sync import sync_tags
 
     store = SegmentStore.from_url(db_url)
     store.init_schema()

@@ -1,7 +1,27 @@
-"""leafpool: distributed IDs from pre-generated Redis pools (Leaf-compatible)."""
+"""leafpool: distributed IDs from pre-generated Redis pools (Leaf-compatible).
+
+The package is a house of rooms, each a subpackage whose docstring says what it owns and
+what it may import; a room imports only from the rooms below it (``pyproject.toml``'s
+import-linter contracts and ``tests/test_architecture.py`` check it, type-only imports
+included), from the ground up:
+
+- :mod:`leafpool.core`: errors, key names, durations, tag names, settings, the snowflake
+  ID layout;
+- :mod:`leafpool.redis` and :mod:`leafpool.database`: the two boundaries (every Redis
+  command on a pool key; engines, transactions and tables);
+- :mod:`leafpool.refill`: the refill skeleton and the sizing rule both modes share;
+- :mod:`leafpool.segment` and :mod:`leafpool.snowflake`: the two sources of IDs;
+- :mod:`leafpool.housekeeping`: tag sync, sweep, drop watcher.
+
+The modules at this top level are the surfaces, what users and operators touch:
+:mod:`~leafpool.client` (``Client``, ``AsyncClient``), :mod:`~leafpool.cli`, the HTTP
+service (:mod:`leafpool.http`), :mod:`~leafpool.status`, :mod:`~leafpool.metrics`, the
+embedded start (:mod:`~leafpool.embedded`, :mod:`~leafpool.children`) and the wiring of a
+process (:mod:`~leafpool.runtime`). ``workers/`` (the only Celery code) sits above them.
+"""
 
 from leafpool.client import AsyncClient, Client
-from leafpool.errors import (
+from leafpool.core.errors import (
     BackendUnavailable,
     ClockMovedBackwards,
     ConfigurationError,

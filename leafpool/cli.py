@@ -19,8 +19,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from leafpool.config import get_settings
-from leafpool.errors import (
+from leafpool.core.config import get_settings
+from leafpool.core.errors import (
     ConfigurationError,
     InvalidArgument,
     InvalidInput,
@@ -28,6 +28,8 @@ from leafpool.errors import (
     TagExists,
     UnknownTag,
 )
+from leafpool.core.tags import validate_tag
+from leafpool.redis.register import register
 from leafpool.runtime import Runtime
 from leafpool.status import (
     RICH_TABLE_ROWS,
@@ -38,7 +40,6 @@ from leafpool.status import (
     status_json,
     status_row,
 )
-from leafpool.tags import register, validate_tag
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="leafpool: distributed IDs from pre-generated Redis pools.")
@@ -251,7 +252,7 @@ def refill(
 @reports_errors
 def sync() -> None:
     """Sync the pool's tags with leaf_alloc now (what the beat does every minute)."""
-    from leafpool.sync import sync_tags
+    from leafpool.housekeeping.sync import sync_tags
 
     rt = _runtime()
     result = sync_tags(rt.pool, rt.store)
@@ -279,7 +280,7 @@ def decode(
     as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,
 ) -> None:
     """Decode a snowflake ID: timestamp (ms and ISO 8601), worker ID, sequence."""
-    from leafpool.snowflake import decode as decode_id
+    from leafpool.core.snowflake_layout import decode as decode_id
 
     d = decode_id(snowflake_id, get_settings().snowflake_epoch)
     if as_json:

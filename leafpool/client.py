@@ -23,14 +23,14 @@ from typing import Literal, TypeVar
 import redis
 import redis.asyncio as aioredis
 
-from leafpool import scripts
-from leafpool.coalesce import IN_FLIGHT, Coalescer
-from leafpool.config import Settings, get_settings
-from leafpool.errors import InvalidArgument, PoolEmpty, ReplicasBehind, UnknownTag
-from leafpool.pool import Pool
-from leafpool.pool_async import AsyncPool
-from leafpool.redis_conn import connect, connect_async
-from leafpool.tags import validate_tag
+from leafpool.core.config import Settings, get_settings
+from leafpool.core.errors import InvalidArgument, PoolEmpty, ReplicasBehind, UnknownTag
+from leafpool.core.tags import validate_tag
+from leafpool.redis import scripts
+from leafpool.redis.coalesce import IN_FLIGHT, Coalescer
+from leafpool.redis.connect import connect, connect_async
+from leafpool.redis.pool import Pool
+from leafpool.redis.pool_async import AsyncPool
 
 _T = TypeVar("_T")
 Policy = Literal["raise", "wait", "reserve"]
@@ -83,7 +83,7 @@ class _Base:
 
 class Client(_Base):
     """Synchronous client. Thread-safe (redis-py's connection pool). Every Redis command
-    goes through :class:`~leafpool.pool.Pool`."""
+    goes through :class:`~leafpool.redis.pool.Pool`."""
 
     def __init__(
         self,
@@ -187,7 +187,7 @@ class Client(_Base):
 
 class AsyncClient(_Base):
     """asyncio client with the same behaviour as :class:`Client`, through
-    :class:`~leafpool.pool_async.AsyncPool`."""
+    :class:`~leafpool.redis.pool_async.AsyncPool`."""
 
     def __init__(
         self,
@@ -249,7 +249,7 @@ class AsyncClient(_Base):
     async def aclose(self) -> None:
         await self.redis.aclose()
 
-    # -- coalesced single-ID pops (leafpool/coalesce.py, docs/design.md §1.1) -------------
+    # -- coalesced single-ID pops (leafpool/redis/coalesce.py, docs/design.md §1.1) -------------
 
     _coalescer: Coalescer | None = None
 

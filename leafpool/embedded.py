@@ -42,14 +42,12 @@ from pathlib import Path
 from types import FrameType
 from urllib.parse import urlparse
 
-import redis
-
 from leafpool.children import die_with_parent
-from leafpool.config import Settings, default_home
-from leafpool.errors import BackendUnavailable, TagExists
-from leafpool.redis_conn import connect
+from leafpool.core.config import Settings, default_home
+from leafpool.core.errors import BackendUnavailable, TagExists
+from leafpool.redis.connect import answers, connect
+from leafpool.redis.register import register
 from leafpool.runtime import Runtime
-from leafpool.tags import register
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +139,7 @@ class Embedded:
 
     def ensure_redis(self) -> None:
         client = connect(self.settings.redis_url, timeout=1.0)
-        with contextlib.suppress(redis.ConnectionError):
-            client.ping()
+        if answers(client):
             self.say(f"  redis answers at {self.settings.redis_url}")
             return
         url = urlparse(self.settings.redis_url)
@@ -160,18 +157,14 @@ class Embedded:
                                        "--bind", "127.0.0.1", "--dir", str(data),
                                        "--daemonize", "no"], keeps_data=True)
         deadline = time.monotonic() + 20
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if server.proc.poll() is not None:
-                    raise BackendUnavailable(
-                        f"redis: redis-server exited with code {server.proc.returncode}; "
-                        f"see {self.home / 'logs' / 'redis.log'}") from None
-                if time.monotonic() > deadline:
-                    raise BackendUnavailable("redis: started but not answering") from None
-                self.pause(0.1)  # polling for the server to accept connections
+        while not answers(client):
+            if server.proc.poll() is not None:
+                raise BackendUnavailable(
+                    f"redis: redis-server exited with code {server.proc.returncode}; "
+                    f"see {self.home / 'logs' / 'redis.log'}")
+            if time.monotonic() > deadline:
+                raise BackendUnavailable("redis: started but not answering")
+            self.pause(0.1)  # polling for the server to accept connections
 
     def start_celery(self) -> None:
         celery = [sys.executable, "-m", "celery", "-A", "workers"]

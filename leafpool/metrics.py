@@ -26,8 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from leafpool.errors import LeafpoolError
-from leafpool.pool import Pool
+from leafpool.core.errors import LeafpoolError
+from leafpool.redis.pool import Pool
 from leafpool.status import TagStatus, pool_status
 
 log = logging.getLogger(__name__)
@@ -337,7 +337,7 @@ def _header(name: str, doc: str, kind: str) -> str:
 def pool_text(collector: PoolCollector) -> bytes:
     """The same families and samples as :meth:`PoolCollector.collect` in the text format
     (version 0.0.4), written with one f-string per sample. Tag names need no escaping:
-    they are ``[A-Za-z0-9_.-]`` (leafpool.tags), modes and lease states are leafpool's."""
+    they are ``[A-Za-z0-9_.-]`` (leafpool.core.tags), modes and lease states are leafpool's."""
     started = collector._perf_counter()
     try:
         statuses = pool_status(collector.pool)

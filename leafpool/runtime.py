@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from leafpool.config import Settings, get_settings
-from leafpool.pool import Pool
-from leafpool.redis_conn import connect
+from leafpool.core.config import Settings, get_settings
+from leafpool.redis.connect import connect
+from leafpool.redis.pool import Pool
 
 if TYPE_CHECKING:
-    from leafpool.refill import SegmentRefiller
-    from leafpool.registry.leased import LeasedGenerator
-    from leafpool.snowflake_pool import SnowflakeRefiller
-    from leafpool.store import SegmentStore
+    from leafpool.segment.refiller import SegmentRefiller
+    from leafpool.segment.store import SegmentStore
+    from leafpool.snowflake.refiller import SnowflakeRefiller
+    from leafpool.snowflake.registry.leased import LeasedGenerator
 
 
 class Runtime:
@@ -41,13 +41,13 @@ class Runtime:
     # service's reads start without SQLAlchemy (a tenth of a second)
     @cached_property
     def store(self) -> SegmentStore:
-        from leafpool.store import SegmentStore
+        from leafpool.segment.store import SegmentStore
 
         return SegmentStore.from_url(self.settings.database_url)
 
     @cached_property
     def refiller(self) -> SegmentRefiller:
-        from leafpool.refill import SegmentRefiller
+        from leafpool.segment.refiller import SegmentRefiller
 
         return SegmentRefiller(self.pool, self.store, self.settings)
 
@@ -57,8 +57,8 @@ class Runtime:
         ``lease_state`` and tried again by the next refill) and released by
         :meth:`close`."""
         if self._snowflake is None:
-            from leafpool.registry import LeasedGenerator, default_identity, open_registry
-            from leafpool.snowflake_pool import SnowflakeRefiller
+            from leafpool.snowflake.refiller import SnowflakeRefiller
+            from leafpool.snowflake.registry import LeasedGenerator, default_identity, open_registry
 
             identity = self.identity or default_identity()
             registry = open_registry(self.settings, identity,

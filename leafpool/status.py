@@ -7,8 +7,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from leafpool.durations import fmt_ago, fmt_duration
-from leafpool.pool import Pool, Snapshot
+from leafpool.core.durations import fmt_ago, fmt_duration
+from leafpool.redis.pool import Pool, Snapshot
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Fixtures: real redis-server, MariaDB and ZooKeeper on loopback (see tests/services.py),
+"""Fixtures: real redis-server, MariaDB and ZooKeeper on loopback (see tests/support/services.py),
 one of each per test session; every test gets clean data in them."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from leafpool.config import Settings, load_settings
-from leafpool.pool import Pool
-from leafpool.store import SegmentStore
-from tests import services
+from leafpool.core.config import Settings, load_settings
+from leafpool.redis.pool import Pool
+from leafpool.segment.store import SegmentStore
+from tests.support import services
 
 _db_counter = itertools.count()
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from leafpool.store import SegmentStore
+from leafpool.segment.store import SegmentStore
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 

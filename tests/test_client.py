@@ -10,10 +10,10 @@ import pytest
 import redis
 
 from leafpool.client import AsyncClient, Client
-from leafpool.config import Settings
-from leafpool.errors import InvalidArgument, InvalidTag, PoolEmpty, UnknownTag
-from leafpool.lock import RefillLock
-from leafpool.pool import Pool, Range
+from leafpool.core.config import Settings
+from leafpool.core.errors import InvalidArgument, InvalidTag, PoolEmpty, UnknownTag
+from leafpool.redis.lock import RefillLock
+from leafpool.redis.pool import Pool, Range
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def test_async_client_behaves_the_same(pool: Pool, settings: Settings) -> None:
 def test_an_unreachable_redis_is_backend_unavailable(
     make_settings: Callable[..., Settings],
 ) -> None:
-    from leafpool.errors import BackendUnavailable
+    from leafpool.core.errors import BackendUnavailable
 
     client = Client(settings=make_settings(redis_url="redis://127.0.0.1:1/0"))
     with pytest.raises(BackendUnavailable, match="redis: order: LPOP"):

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests import services
-from tests.processes import Proc, leafpool_env, running
+from tests.support import services
+from tests.support.processes import Proc, leafpool_env, running
 
 pytestmark = pytest.mark.slow
 

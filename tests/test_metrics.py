@@ -14,16 +14,16 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from leafpool.client import Client
-from leafpool.config import Settings
-from leafpool.errors import PoolEmpty
+from leafpool.core.config import Settings
+from leafpool.core.errors import PoolEmpty
 from leafpool.metrics import METRIC_NAMES, POOL_METRICS, make_registry, render
-from leafpool.pool import Pool
-from leafpool.redis_conn import connect
-from leafpool.refill import SegmentRefiller
-from leafpool.store import SegmentStore
-from tests.services import free_port
+from leafpool.redis.connect import connect
+from leafpool.redis.pool import Pool
+from leafpool.segment.refiller import SegmentRefiller
+from leafpool.segment.store import SegmentStore
+from tests.support.services import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from leafpool.pool import Pool
-from tests import services
-from tests.processes import Proc, leafpool_env
+from leafpool.redis.pool import Pool
+from tests.support import services
+from tests.support.processes import Proc, leafpool_env
 
 LEAFPOOL = [sys.executable, "-m", "leafpool.cli"]
 

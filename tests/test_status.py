@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from leafpool.lock import RefillLock
-from leafpool.pool import Pool, Range
+from leafpool.redis.lock import RefillLock
+from leafpool.redis.pool import Pool, Range
 from leafpool.status import pool_status, tag_status
 
 
@@ -75,7 +75,7 @@ def test_a_snowflake_tags_fields_and_an_idle_tag(pool: Pool) -> None:
 def test_many_tags_read_in_chunks_equal_their_one_by_one_status(pool: Pool) -> None:
     """1,200 tags (three chunks of TAGS_PER_PIPELINE): each status equals the one read
     by the tag's own snapshot (a MULTI)."""
-    from leafpool.pool import TAGS_PER_PIPELINE
+    from leafpool.redis.pool import TAGS_PER_PIPELINE
 
     lock = RefillLock(pool.redis, pool.tag("t0007").lock, 10_000)
     tags = [f"t{n:04d}" for n in range(1200)]

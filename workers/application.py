@@ -7,7 +7,7 @@ from datetime import timedelta
 from celery import Celery
 from kombu import Queue
 
-from leafpool.config import get_settings
+from leafpool.core.config import get_settings
 
 SEGMENT_QUEUE = "leafpool.segment"
 SNOWFLAKE_QUEUE = "leafpool.snowflake"

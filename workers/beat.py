@@ -8,7 +8,7 @@ The beat that takes the lock sends a tag sync and a sweep at once, before the sc
 first interval: tags already in the database fill within seconds of the start, not one
 ``LEAFPOOL_TAG_SYNC_SECONDS`` later.
 
-While it holds the lock it also runs the drop watcher (:mod:`leafpool.watch`, unless
+While it holds the lock it also runs the drop watcher (:mod:`leafpool.housekeeping.watch`, unless
 ``LEAFPOOL_WATCH=false`` or on a Redis Cluster) in a thread: a pop that takes a tag below
 its low-water mark queues the refill task at once, and the sweep only backs it up.
 """
@@ -21,14 +21,13 @@ import socket
 from typing import Any
 
 from celery.beat import PersistentScheduler
-from redis.exceptions import LockError
 
-from leafpool.keys import Keys
-from leafpool.pool import Level, Pool
-from leafpool.redis_conn import connect
-from leafpool.step import outgrown as outgrown_by
-from leafpool.sweep import Due
-from leafpool.watch import DropWatcher, supported
+from leafpool.core.errors import LeafpoolError
+from leafpool.housekeeping.sweep import Due
+from leafpool.housekeeping.watch import DropWatcher, supported
+from leafpool.redis.connect import connect
+from leafpool.redis.pool import Level, Pool
+from leafpool.refill.sizing import outgrown as outgrown_by
 from workers.application import SWEEP_ENTRY, SYNC_ENTRY, settings, watching
 from workers.tasks import REFILL_TASKS
 
@@ -60,14 +59,12 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
     def _hold(self) -> bool:
         try:
             if self._active:
-                try:
-                    self._lock.extend(LOCK_TTL_SECONDS, replace_ttl=True)
+                if self._lock.extend():
                     return True
-                except LockError:
-                    self._active = False
-                    self._stop_watching()
-                    log.error("beat on %s: lost the beat lock; standing by", self._identity)
-            if self._lock.acquire(blocking=False):
+                self._active = False
+                self._stop_watching()
+                log.error("beat on %s: lost the beat lock; standing by", self._identity)
+            if self._lock.acquire():
                 self._active = True
                 log.warning("beat on %s: holds the beat lock, sending schedules", self._identity)
                 self._just_acquired = True
@@ -78,7 +75,7 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
         log.error(
             "beat on %s: ANOTHER BEAT IS RUNNING (lock %s held); this one stands by",
             self._identity,
-            Keys(settings.key_prefix).beat_lock,
+            self._lock.name,
         )
         return False
 
@@ -145,6 +142,6 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
     def close(self) -> None:
         self._stop_watching()
         if self._active:
-            with contextlib.suppress(LockError):
+            with contextlib.suppress(LeafpoolError):
                 self._lock.release()
         super().close()

@@ -8,8 +8,8 @@ from typing import Any
 
 from celery.signals import celeryd_init, worker_process_init, worker_process_shutdown
 
-from leafpool.registry import process_identity
 from leafpool.runtime import Runtime
+from leafpool.snowflake.registry import process_identity
 
 _runtime: Runtime | None = None
 _node_name = "celery"

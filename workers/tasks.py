@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from leafpool import sweep as sweeping
-from leafpool import sync
-from leafpool.errors import BackendUnavailable, UnknownTag
-from leafpool.refill import Refiller
-from leafpool.refill_batch import refill_many
+from leafpool.core.errors import BackendUnavailable, UnknownTag
+from leafpool.housekeeping import sweep as sweeping
+from leafpool.housekeeping import sync
+from leafpool.refill.base import Refiller
+from leafpool.refill.batch import refill_many
 from workers.application import app, settings
 from workers.resources import runtime
 

@@ -14,9 +14,9 @@ plus the operator's pages. One concern per module:
 - :mod:`~leafpool.http.ops`: ``/health``, ``/metrics``, ``/api/status``;
 - :mod:`~leafpool.http.pages`: ``/cache`` and ``/db`` as HTML.
 
-Every Redis command goes through :class:`~leafpool.pool_async.AsyncPool` (the asyncio
-client's) or the runtime's :class:`~leafpool.pool.Pool` (the metrics); every SQL
-statement through :class:`~leafpool.store.SegmentStore`.
+Every Redis command goes through :class:`~leafpool.redis.pool_async.AsyncPool` (the asyncio
+client's) or the runtime's :class:`~leafpool.redis.pool.Pool` (the metrics); every SQL
+statement through :class:`~leafpool.segment.store.SegmentStore`.
 """
 
 from leafpool.http.app import app_from_env, create_app, serve

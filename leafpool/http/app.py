@@ -12,8 +12,8 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from leafpool.config import Settings, get_settings
-from leafpool.errors import BackendUnavailable
+from leafpool.core.config import Settings, get_settings
+from leafpool.core.errors import BackendUnavailable
 from leafpool.http import decode, ids, ops, pages
 from leafpool.http.fast import FastIds
 from leafpool.http.service import Service

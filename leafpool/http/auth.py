@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from leafpool.config import TokenPolicy
+from leafpool.core.config import TokenPolicy
 from leafpool.http.errors import HttpError
 
 TOKEN_HEADER = "X-Leafpool-Token"

@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from leafpool import snowflake
-from leafpool.errors import InvalidInput
+from leafpool.core import snowflake_layout
+from leafpool.core.errors import InvalidInput
 from leafpool.http.errors import HttpError, http_error, json_error
 from leafpool.http.service import service
 
@@ -31,7 +31,7 @@ async def decode_leaf(request: Request) -> Response:
     if raw is None:
         return JSONResponse({"errorMsg": "snowflakeId is required"}, 400)
     try:
-        d = snowflake.decode(raw, svc.settings.snowflake_epoch)
+        d = snowflake_layout.decode(raw, svc.settings.snowflake_epoch)
     except InvalidInput as exc:
         return JSONResponse({"errorMsg": str(exc), "field": "snowflakeId",
                              "allowed": exc.allowed}, 400)
@@ -47,7 +47,7 @@ async def decode_json(request: Request) -> Response:
     raw = request.path_params["id"]
     try:
         svc.auth.allowed_tags(request)
-        d = snowflake.decode(raw, svc.settings.snowflake_epoch)
+        d = snowflake_layout.decode(raw, svc.settings.snowflake_epoch)
     except (HttpError, InvalidInput) as exc:
         return json_error(http_error(exc, svc.retry_after))
     return JSONResponse({"id": str(int(raw)), "timestamp_ms": d.timestamp_ms, "iso": d.iso,

@@ -16,7 +16,7 @@ import time
 
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from leafpool.errors import (
+from leafpool.core.errors import (
     BackendUnavailable,
     ConfigurationError,
     InvalidInput,

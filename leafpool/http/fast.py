@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from leafpool.errors import LeafpoolError
+from leafpool.core.errors import LeafpoolError
 from leafpool.http.errors import HttpError
 from leafpool.http.service import MODES
 

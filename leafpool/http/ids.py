@@ -22,10 +22,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from leafpool.errors import InvalidArgument, LeafpoolError, UnknownTag
+from leafpool.core.errors import InvalidArgument, LeafpoolError, UnknownTag
+from leafpool.core.tags import validate_tag
 from leafpool.http.errors import NO_STORE, HttpError, http_error, json_error, text_error
 from leafpool.http.service import MODES, Service
-from leafpool.tags import validate_tag
 
 MODE_CACHE_SECONDS = 5.0  # a tag's mode is read from Redis at most this often
 _COUNT_RE = re.compile(r"[0-9]{1,9}")

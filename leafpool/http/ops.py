@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from leafpool import metrics
-from leafpool.errors import LeafpoolError
+from leafpool.core.errors import LeafpoolError
 from leafpool.http.errors import NO_STORE, HttpError, http_error, json_error, may_log
 from leafpool.http.service import SEGMENT, SNOWFLAKE, Service, service
 from leafpool.status import TagStatus

@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from leafpool.config import DATABASE_URL_ENV, hide_password
-from leafpool.durations import fmt_ago, fmt_duration
-from leafpool.errors import (
+from leafpool.core.config import DATABASE_URL_ENV, hide_password
+from leafpool.core.durations import fmt_ago, fmt_duration
+from leafpool.core.errors import (
     BackendUnavailable,
     ConfigurationError,
     InvalidArgument,

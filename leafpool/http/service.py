@@ -1,5 +1,5 @@
 """What the handlers share: the settings, the token policy, the asyncio client (and its
-:class:`~leafpool.pool_async.AsyncPool`, through which every Redis command of the
+:class:`~leafpool.redis.pool_async.AsyncPool`, through which every Redis command of the
 service goes), a synchronous runtime whose segment store and pool serve the database
 views and the metrics from worker threads, and the metrics registry."""
 
@@ -12,9 +12,9 @@ from starlette.requests import Request
 
 from leafpool import metrics
 from leafpool.client import MAX_BATCH, AsyncClient
-from leafpool.config import Settings
+from leafpool.core.config import Settings
 from leafpool.http.auth import Auth
-from leafpool.pool_async import AsyncPool
+from leafpool.redis.pool_async import AsyncPool
 from leafpool.runtime import Runtime
 from leafpool.status import TagStatus, tag_status
 

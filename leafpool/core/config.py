@@ -1,0 +1,321 @@
+"""Settings: read from the environment (prefix ``LEAFPOOL_``) in this one place and
+validated once, when they are loaded (every entry point loads them before doing anything
+else). A malformed value raises :class:`~leafpool.core.errors.ConfigurationError` naming the
+variable, the value (passwords and tokens hidden) and what is allowed; nothing later has
+to re-check or re-parse a setting.
+
+What is checked here, beyond the types:
+
+- every float is finite (no ``inf``/``nan``) and every duration has an upper bound: a
+  huge value overflows a timestamp (``time.time() + wait``), a ``timedelta`` or a Redis
+  expiry, or blocks a thread for hours;
+- ``LEAFPOOL_SNOWFLAKE_MAX_BACKWARDS_MS`` is at most 1,000
+  (:data:`leafpool.core.snowflake_layout.MAX_BACKWARDS_MS`): the generator waits out a small clock
+  step back by sleeping twice the offset *while holding its lock*, so every thread
+  generating with that worker ID stalls for that long; a larger step is refused
+  (:class:`~leafpool.core.errors.ClockMovedBackwards`, the refill is retried) instead;
+- ``LEAFPOOL_SNOWFLAKE_EPOCH`` is not in the future and its 41 time bits are not used up;
+- ``LEAFPOOL_SNOWFLAKE_LOCAL_MAP`` and ``LEAFPOOL_HTTP_TOKENS`` parse; their parsed forms
+  are :attr:`Settings.local_map` and :attr:`Settings.token_policy`;
+- ``LEAFPOOL_SNOWFLAKE_NAME`` is a safe path segment;
+- ``LEAFPOOL_REDIS_URL`` is a Redis URL and ``LEAFPOOL_DATABASE_URL`` names a supported
+  database whose driver is installed.
+
+Checks that depend on the snowflake mode in use (ZooKeeper hosts, a MySQL URL for mode
+``mysql``, the renew interval against the lease) are made when the worker-ID registry is
+built, in the process that generates snowflake IDs.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from leafpool.core.errors import ConfigurationError
+from leafpool.core.setting_values import DATABASE_URL_ENV as DATABASE_URL_ENV
+from leafpool.core.setting_values import LOCAL_MAP_ENV as LOCAL_MAP_ENV
+from leafpool.core.setting_values import REDIS_URL_ENV as REDIS_URL_ENV
+from leafpool.core.setting_values import SENTINELS_ENV, validate_name
+from leafpool.core.setting_values import TOKENS_ENV as TOKENS_ENV
+from leafpool.core.setting_values import LocalMap as LocalMap
+from leafpool.core.setting_values import TokenPolicy as TokenPolicy
+from leafpool.core.setting_values import check_database_url as check_database_url
+from leafpool.core.setting_values import check_redis_url as check_redis_url
+from leafpool.core.setting_values import hide_password as hide_password
+from leafpool.core.setting_values import parse_local_map as parse_local_map
+from leafpool.core.setting_values import parse_pop_replicas as parse_pop_replicas
+from leafpool.core.setting_values import parse_sentinels as parse_sentinels
+from leafpool.core.setting_values import parse_tokens as parse_tokens
+from leafpool.core.snowflake_layout import MAX_BACKWARDS_MS, validate_epoch, wall_clock_ms
+
+MAX_STEP = 1_000_000
+MAX_ID = 2**63 - 1
+MINUTE = 60.0
+HOUR = 3_600.0
+DAY = 86_400.0
+
+def default_home() -> Path:
+    return Path(os.environ.get("LEAFPOOL_HOME", Path.home() / ".leafpool"))
+
+
+# -- the settings ---------------------------------------------------------------------------
+
+class Settings(BaseSettings):
+    """Every tunable of leafpool. Field ``foo`` is read from ``LEAFPOOL_FOO``."""
+
+    # allow_inf_nan=False: every float setting must be a finite number
+    model_config = SettingsConfigDict(env_prefix="LEAFPOOL_", extra="ignore", frozen=True,
+                                      allow_inf_nan=False)
+
+    # where things live
+    database_url: str = ""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    broker_url: str = ""
+    key_prefix: str = "leafpool"
+
+    # Redis topology (docs/design.md §7): one node (LEAFPOOL_REDIS_URL), a Sentinel group
+    # (LEAFPOOL_REDIS_SENTINELS, LEAFPOOL_REDIS_MASTER_NAME; the URL gives the database
+    # number and password), or a Cluster (LEAFPOOL_REDIS_CLUSTER, the URL names any node)
+    redis_sentinels: str = ""
+    redis_master_name: str = "leafpool"
+    redis_cluster: bool = False
+    # replica-acknowledged pops: IDs are handed out only once WAIT says this many
+    # replicas have the pop (0: no acknowledgement, 'all': every replica at start)
+    pop_replicas: str = "0"
+    pop_wait_ms: int = Field(100, ge=1, le=60_000)
+
+    # pool sizing (docs/design.md §3); rate x seconds must stay a sane integer
+    pool_seconds: float = Field(30.0, gt=0, le=DAY)
+    # the floor is what an idle tag holds (docs/design.md §3.2): 200 IDs of a segment or
+    # snowflake tag are about 2 KB of Redis, 10,000 idle tags about 40 MB with their state
+    pool_floor: int = Field(200, ge=1)
+    pool_ceiling: int = Field(1_000_000, ge=1, le=100_000_000)
+    low_water_ratio: float = Field(0.5, gt=0, lt=1)
+    chunk_size: int = Field(1_000, ge=1, le=100_000)
+    reserve_seconds: float = Field(60.0, gt=0, le=DAY)
+    rate_smoothing: float = Field(0.3, gt=0, le=1)
+
+    # dynamic step (Leaf: 15 and 30 minutes)
+    step_grow_seconds: float = Field(15 * MINUTE, gt=0, le=7 * DAY)
+    step_shrink_seconds: float = Field(30 * MINUTE, gt=0, le=7 * DAY)
+    max_step: int = Field(MAX_STEP, ge=1, le=MAX_STEP)
+
+    # refill lock and retries
+    lock_ttl_ms: int = Field(30_000, ge=100, le=int(HOUR * 1000))
+    refill_retry_max: int = Field(20, ge=0, le=1_000)
+    refill_retry_backoff_max: float = Field(30.0, gt=0, le=HOUR)
+
+    # schedules
+    tag_sync_seconds: float = Field(60.0, gt=0, le=DAY)
+    sweep_seconds: float = Field(1.0, gt=0, le=HOUR)
+    visibility_timeout: int = Field(300, ge=1, le=int(7 * DAY))
+    # the tag sync's first fill of new tags (docs/design.md §4): tags per refill task it
+    # queues (1: one task per tag) and refills run at once inside one such task
+    refill_batch_size: int = Field(100, ge=1, le=10_000)
+    refill_batch_threads: int = Field(4, ge=1, le=64)
+
+    # the drop watcher and burst sizing (docs/design.md §3.7, §3.2): the beat's process
+    # watches every tag's list (client-side-caching invalidations) and queues a refill
+    # when a pop takes it below its low-water mark; the sweep then only backs it up,
+    # every LEAFPOOL_WATCH_SWEEP_SECONDS (LEAFPOOL_SWEEP_SECONDS without the watcher)
+    watch: bool = True
+    watch_interval_ms: int = Field(10, ge=1, le=1_000)
+    watch_sweep_seconds: float = Field(30.0, gt=0, le=HOUR)
+    # size pools by the larger of the smoothed rate and the consumption since the last
+    # refill (and the watcher's recent rate); false: the smoothed rate alone
+    burst_sizing: bool = True
+
+    # client policy on an empty pool (a request waits this long at most)
+    empty_policy: Literal["raise", "wait", "reserve"] = "wait"
+    empty_wait_seconds: float = Field(2.0, ge=0, le=5 * MINUTE)
+
+    # snowflake (docs/design.md §8)
+    snowflake_mode: Literal["zk", "zk_recycle", "mysql", "local"] | None = None
+    zk_hosts: str = ""
+    snowflake_name: str = "leafpool"
+    snowflake_epoch: int = Field(1288834974657, ge=0)
+    snowflake_random_sequence: int = Field(100, ge=0, le=4096)
+    snowflake_batch_seconds: float = Field(2.0, gt=0, le=HOUR)
+    snowflake_max_backwards_ms: int = Field(5, ge=0, le=MAX_BACKWARDS_MS)
+    snowflake_peer_skew_ms: int = Field(5_000, ge=0, le=int(HOUR * 1000))
+    # also the window recorded ahead of the clock: a restart after a crash may wait it out
+    snowflake_report_seconds: float = Field(3.0, gt=0, le=MINUTE)
+    # a start whose clock is behind the recorded timestamp by at most this waits for the
+    # clock to pass it (a restart after a crash, within the window recorded ahead)
+    snowflake_start_wait_ms: int = Field(3_000, ge=0, le=60_000)
+    snowflake_lease_seconds: float = Field(30.0, gt=0, le=HOUR)
+    snowflake_renew_seconds: float = Field(10.0, gt=0, le=HOUR)
+    snowflake_exhaustion_warn_days: int = Field(365, ge=0, le=36_500)
+    snowflake_local_map: str = ""
+    snowflake_cache_dir: str = ""
+
+    # HTTP
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(8080, ge=1, le=65535)
+    http_max_count: int = Field(1_000, ge=1)
+    http_tokens: str = ""
+    # concurrent single-ID requests of one tag share one LPOP tag n, n at most this
+    # (leafpool/redis/coalesce.py, docs/design.md §1.1); 0: one LPOP per request
+    http_coalesce_max: int = Field(1_024, ge=0, le=10_000)
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _prefix_chars(cls, value: str) -> str:
+        if not value or any(c in value for c in "{}: \t\n"):
+            raise ValueError("a non-empty prefix without braces, colons or spaces")
+        return value
+
+    # The validators below raise ConfigurationError themselves (pydantic passes it on
+    # unchanged): their messages name the variable and hide secrets.
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        return check_redis_url(value)
+
+    @field_validator("snowflake_epoch")
+    @classmethod
+    def _epoch(cls, value: int) -> int:
+        return validate_epoch(value, wall_clock_ms())
+
+    @field_validator("snowflake_name")
+    @classmethod
+    def _snowflake_name(cls, value: str) -> str:
+        return validate_name(value)
+
+    @field_validator("snowflake_local_map")
+    @classmethod
+    def _local_map(cls, value: str) -> str:
+        parse_local_map(value)
+        return value
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinels(cls, value: str) -> str:
+        parse_sentinels(value)
+        return value
+
+    @field_validator("pop_replicas")
+    @classmethod
+    def _pop_replicas(cls, value: str) -> str:
+        parse_pop_replicas(value)
+        return value.strip().lower()
+
+    @field_validator("http_tokens")
+    @classmethod
+    def _tokens(cls, value: str) -> str:
+        parse_tokens(value)
+        return value
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> Settings:
+        if self.pool_floor > self.pool_ceiling:
+            raise ConfigurationError(
+                "LEAFPOOL_POOL_FLOOR", self.pool_floor,
+                f"must not exceed LEAFPOOL_POOL_CEILING={self.pool_ceiling}")
+        if self.step_grow_seconds > self.step_shrink_seconds:
+            raise ConfigurationError(
+                "LEAFPOOL_STEP_GROW_SECONDS", self.step_grow_seconds,
+                f"must not exceed LEAFPOOL_STEP_SHRINK_SECONDS={self.step_shrink_seconds} "
+                "(a segment cannot last both less than the one and more than the other)")
+        if not self.database_url:
+            home = default_home()
+            object.__setattr__(self, "database_url", f"sqlite:///{home / 'leafpool.sqlite3'}")
+        check_database_url(self.database_url)
+        if self.redis_sentinels and self.redis_cluster:
+            raise ConfigurationError(
+                SENTINELS_ENV, self.redis_sentinels,
+                "not with LEAFPOOL_REDIS_CLUSTER=true: choose Sentinel or Cluster")
+        if not self.broker_url and self.redis_cluster:
+            raise ConfigurationError(
+                "LEAFPOOL_BROKER_URL", "",
+                "required with LEAFPOOL_REDIS_CLUSTER=true: Celery's Redis transport cannot "
+                "use a Redis Cluster; name a separate Redis (redis://...) or Sentinel group "
+                "(sentinel://host:port;sentinel://host:port)")
+        if not self.broker_url:
+            object.__setattr__(self, "broker_url", self._default_broker())
+        if self.snowflake_mode is None:
+            object.__setattr__(self, "snowflake_mode", "zk" if self.zk_hosts else "local")
+        if not self.snowflake_cache_dir:
+            object.__setattr__(self, "snowflake_cache_dir", str(default_home() / "snowflake"))
+        return self
+
+    # -- parsed forms (validated at load; parsed once per value) ---------------------------
+
+    @property
+    def local_map(self) -> LocalMap:
+        """``LEAFPOOL_SNOWFLAKE_LOCAL_MAP`` parsed (see :func:`parse_local_map`)."""
+        return parse_local_map(self.snowflake_local_map)
+
+    def _default_broker(self) -> str:
+        """The pools' Redis: with Sentinel, kombu's sentinel transport over the same
+        sentinels (its master name is a transport option, see :attr:`broker_options`)."""
+        if not self.redis_sentinels:
+            return self.redis_url
+        db = self.redis_url.rsplit("/", 1)[-1] if self.redis_url.count("/") >= 3 else "0"
+        return ";".join(f"sentinel://{h}:{p}/{db or 0}" for h, p in self.sentinels)
+
+    @property
+    def sentinels(self) -> tuple[tuple[str, int], ...]:
+        """``LEAFPOOL_REDIS_SENTINELS`` parsed."""
+        return parse_sentinels(self.redis_sentinels)
+
+    @property
+    def redis_topology(self) -> str:
+        """``single``, ``sentinel`` or ``cluster``."""
+        if self.redis_cluster:
+            return "cluster"
+        return "sentinel" if self.redis_sentinels else "single"
+
+    @property
+    def pop_replicas_required(self) -> int | str:
+        """``LEAFPOOL_POP_REPLICAS`` parsed: a number, or ``all``."""
+        return parse_pop_replicas(self.pop_replicas)
+
+    @property
+    def broker_options(self) -> dict[str, object]:
+        """Extra kombu transport options the broker URL needs (Sentinel's master name)."""
+        if self.broker_url.startswith("sentinel://"):
+            return {"master_name": self.redis_master_name}
+        return {}
+
+    @property
+    def token_policy(self) -> TokenPolicy:
+        """``LEAFPOOL_HTTP_TOKENS`` parsed (see :func:`parse_tokens`)."""
+        return parse_tokens(self.http_tokens)
+
+
+def _env_name(loc: tuple[Any, ...]) -> str:
+    return f"LEAFPOOL_{str(loc[0]).upper()}" if loc else "LEAFPOOL_*"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read and validate the settings. Any malformed value raises ConfigurationError naming
+    the (first) variable, its value and what is allowed."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        errors = exc.errors()
+        err = errors[0]
+        env = _env_name(tuple(err.get("loc") or ()))
+        field = env.removeprefix("LEAFPOOL_").lower()
+        value = overrides.get(field, os.environ.get(env, err.get("input")))
+        if env in (REDIS_URL_ENV, DATABASE_URL_ENV, "LEAFPOOL_BROKER_URL"):
+            value = hide_password(str(value))
+        allowed = err.get("msg", "invalid")
+        others = sorted({_env_name(tuple(e.get("loc") or ())) for e in errors[1:]} - {env})
+        if others:
+            allowed += f" (also not valid: {', '.join(others)})"
+        # the message says it all; pydantic's own report would only repeat it
+        raise ConfigurationError(env, value, allowed) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once."""
+    return load_settings()

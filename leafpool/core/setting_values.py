@@ -1,0 +1,235 @@
+"""Parsers of setting values: each takes the raw text of one ``LEAFPOOL_*`` variable and
+returns the parsed form :class:`leafpool.core.config.Settings` keeps, or raises
+:class:`~leafpool.core.errors.ConfigurationError` naming the variable (secrets hidden)."""
+
+from __future__ import annotations
+
+import hmac
+import importlib.util
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
+
+from leafpool.core.errors import ConfigurationError, InvalidInput
+from leafpool.core.snowflake_layout import MAX_WORKER_ID
+from leafpool.core.tags import validate_tag
+
+LOCAL_MAP_ENV = "LEAFPOOL_SNOWFLAKE_LOCAL_MAP"
+TOKENS_ENV = "LEAFPOOL_HTTP_TOKENS"
+REDIS_URL_ENV = "LEAFPOOL_REDIS_URL"
+DATABASE_URL_ENV = "LEAFPOOL_DATABASE_URL"
+
+#: supported segment-store URL schemes and the module each driver needs
+DATABASE_DRIVERS = {
+    "sqlite": "sqlite3",
+    "sqlite+pysqlite": "sqlite3",
+    "mysql+pymysql": "pymysql",  # a leafpool dependency
+    "mysql": "MySQLdb",  # SQLAlchemy's default MySQL driver: mysqlclient, not installed by us
+    "mysql+mysqldb": "MySQLdb",
+}
+
+
+def hide_password(url: str) -> str:
+    """``scheme://user:***@host/...``: a URL fit for a message or a log line."""
+    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+
+
+# -- LEAFPOOL_SNOWFLAKE_NAME --------------------------------------------------------------
+
+SNOWFLAKE_NAME_ENV = "LEAFPOOL_SNOWFLAKE_NAME"
+_NAME = re.compile(r"[A-Za-z0-9_.@]+")
+
+
+def validate_name(name: object) -> str:
+    """``LEAFPOOL_SNOWFLAKE_NAME`` becomes a ZooKeeper path segment (the registries'
+    root) and a directory name (the cache files')."""
+    if not isinstance(name, str) or name in {".", ".."} or not _NAME.fullmatch(name):
+        raise ConfigurationError(
+            SNOWFLAKE_NAME_ENV, name, "a non-empty name from A-Z a-z 0-9 _ . @"
+        )
+    return name
+
+
+# -- LEAFPOOL_SNOWFLAKE_LOCAL_MAP -----------------------------------------------------------
+
+LocalMap = Mapping[str, int] | int | None
+
+
+@lru_cache(maxsize=16)
+def parse_local_map(value: str) -> LocalMap:
+    """``LEAFPOOL_SNOWFLAKE_LOCAL_MAP``: ``{identity: worker_id}`` (read-only), an int for a
+    bare number, None when empty (the lowest worker ID free on this host)."""
+    text = value.strip()
+    if not text:
+        return None
+    if text.isdigit():
+        return _map_worker_id(text, value)
+    mapping: dict[str, int] = {}
+    owners: dict[int, str] = {}
+    for raw in text.replace("\n", ",").split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        identity, sep, number = entry.rpartition("=")
+        identity = identity.strip()
+        if not sep or not identity:
+            raise ConfigurationError(LOCAL_MAP_ENV, value,
+                                     f"entry {entry!r} is not identity=worker_id")
+        worker_id = _map_worker_id(number.strip(), value)
+        if identity in mapping:
+            raise ConfigurationError(LOCAL_MAP_ENV, value,
+                                     f"identity {identity!r} is listed twice")
+        if worker_id in owners:
+            raise ConfigurationError(
+                LOCAL_MAP_ENV, value,
+                f"worker ID {worker_id} is given to both {owners[worker_id]!r} and "
+                f"{identity!r}; they would generate duplicate IDs",
+            )
+        mapping[identity] = worker_id
+        owners[worker_id] = identity
+    if not mapping:
+        raise ConfigurationError(LOCAL_MAP_ENV, value, "no identity=worker_id entry")
+    return MappingProxyType(mapping)
+
+
+def _map_worker_id(text: str, value: str) -> int:
+    if not text.isdigit() or int(text) > MAX_WORKER_ID:
+        raise ConfigurationError(
+            LOCAL_MAP_ENV, value,
+            f"worker ID {text!r} is not an integer from 0 to {MAX_WORKER_ID}")
+    return int(text)
+
+
+# -- LEAFPOOL_HTTP_TOKENS ------------------------------------------------------------------
+
+_TOKEN_RE = re.compile(r"[!-~]+")  # printable ASCII, no spaces
+_TOKEN_FORBIDDEN = set(";=,")
+
+
+@dataclass(frozen=True)
+class TokenPolicy:
+    """``token -> allowed tags`` (``None``: every tag). Empty: auth is off."""
+
+    grants: tuple[tuple[str, frozenset[str] | None], ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.grants)
+
+    def lookup(self, token: str) -> tuple[bool, frozenset[str] | None]:
+        """(known, allowed tags). Compares every token in constant time."""
+        found: tuple[bool, frozenset[str] | None] = (False, frozenset())
+        given = token.encode()
+        for candidate, tags in self.grants:
+            if hmac.compare_digest(candidate.encode(), given):
+                found = (True, tags)
+        return found
+
+
+@lru_cache(maxsize=16)
+def parse_tokens(value: str) -> TokenPolicy:
+    """``LEAFPOOL_HTTP_TOKENS``: ``token=tag,tag;token=*``. A malformed value raises
+    :class:`ConfigurationError` naming the variable and the entry (never the token)."""
+    grants: list[tuple[str, frozenset[str] | None]] = []
+    seen: set[str] = set()
+    for number, raw in enumerate(value.split(";"), start=1):
+        entry = raw.strip()
+        if not entry:
+            continue
+        token, eq, tags_part = entry.partition("=")
+        token = token.strip()
+        shown = f"entry {number}: '<token>={tags_part.strip()}'"
+        if not eq or not token:
+            raise ConfigurationError(
+                TOKENS_ENV, f"entry {number}",
+                "entries look like 'token=tag1,tag2' or 'token=*', separated by ';'")
+        if not _TOKEN_RE.fullmatch(token) or _TOKEN_FORBIDDEN & set(token):
+            raise ConfigurationError(
+                TOKENS_ENV, shown,
+                "a token is printable ASCII without spaces, ';', '=' or ','")
+        if token in seen:
+            raise ConfigurationError(TOKENS_ENV, shown, "each token may appear once")
+        seen.add(token)
+        names = [t.strip() for t in tags_part.split(",")]
+        if names == ["*"]:
+            grants.append((token, None))
+            continue
+        if not names or any(not n for n in names):
+            raise ConfigurationError(
+                TOKENS_ENV, shown, "a comma-separated list of tags, or '*' for every tag")
+        for name in names:
+            try:
+                validate_tag(name)
+            except InvalidInput as exc:
+                raise ConfigurationError(TOKENS_ENV, shown, f"tag {exc}") from exc
+        grants.append((token, frozenset(names)))
+    return TokenPolicy(tuple(grants))
+
+
+# -- URLs -----------------------------------------------------------------------------------
+
+def check_redis_url(url: str) -> str:
+    from redis.connection import parse_url  # redis-py's own parser, as from_url uses it
+
+    try:
+        parse_url(url)  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(
+            REDIS_URL_ENV, hide_password(url),
+            f"a Redis URL that redis-py accepts: {exc}") from None
+    return url
+
+
+def check_database_url(url: str) -> str:
+    scheme, sep, _ = url.partition("://")
+    allowed = ", ".join(f"{s}://" for s in DATABASE_DRIVERS)
+    if not sep or scheme not in DATABASE_DRIVERS:
+        raise ConfigurationError(DATABASE_URL_ENV, hide_password(url),
+                                 f"a SQLite or MySQL/MariaDB SQLAlchemy URL: {allowed}")
+    module = DATABASE_DRIVERS[scheme]
+    if importlib.util.find_spec(module) is None:
+        raise ConfigurationError(
+            DATABASE_URL_ENV, hide_password(url),
+            f"the driver of {scheme}:// (Python module {module}) is not installed; "
+            "mysql+pymysql:// uses PyMySQL, which leafpool installs")
+    return url
+
+
+# -- the Redis topology -----------------------------------------------------------------
+
+SENTINELS_ENV = "LEAFPOOL_REDIS_SENTINELS"
+POP_REPLICAS_ENV = "LEAFPOOL_POP_REPLICAS"
+ALL_REPLICAS = "all"
+
+
+@lru_cache(maxsize=16)
+def parse_sentinels(value: str) -> tuple[tuple[str, int], ...]:
+    """``LEAFPOOL_REDIS_SENTINELS``: ``host:port,host:port`` (empty: no Sentinel)."""
+    out: list[tuple[str, int]] = []
+    for raw in value.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        host, sep, port = entry.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ConfigurationError(SENTINELS_ENV, value,
+                                     f"entry {entry!r} is not host:port (port 1 to 65535)")
+        out.append((host.strip("[]"), int(port)))
+    if value.strip() and not out:
+        raise ConfigurationError(SENTINELS_ENV, value, "comma-separated host:port entries")
+    return tuple(out)
+
+
+def parse_pop_replicas(value: str) -> int | str:
+    """``LEAFPOOL_POP_REPLICAS``: how many replicas must acknowledge a pop before its IDs
+    are handed out: a number from 0 (no acknowledgement) to 16, or ``all`` (every replica
+    the master reports when the process starts)."""
+    text = value.strip().lower()
+    if text == ALL_REPLICAS:
+        return ALL_REPLICAS
+    if not text.isdigit() or int(text) > 16:
+        raise ConfigurationError(POP_REPLICAS_ENV, value,
+                                 "a number of replicas from 0 to 16, or 'all'")
+    return int(text)

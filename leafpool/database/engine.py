@@ -1,0 +1,137 @@
+"""The database boundary: engines, transactions, driver errors, and the tables.
+
+Every DDL has one home. Leaf's and NotFound9's tables are kept as their SQL files under
+``leafpool/database/sql/<dialect>/`` (unchanged, so a database a Leaf server uses works as it is);
+docker-compose mounts ``leafpool/database/sql/mysql`` as MySQL's init scripts, and the code runs
+the same files. leafpool's own tables are defined here with SQLAlchemy, which writes the
+DDL for each dialect (``leafpool db init`` creates them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    DateTime,
+    Engine,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    event,
+    func,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+
+from leafpool.core.errors import BackendUnavailable
+
+SQL_DIR = Path(__file__).parent / "sql"
+MYSQL_DEADLOCK = 1213
+MYSQL_LOCK_WAIT_TIMEOUT = 1205
+
+metadata = MetaData()
+
+# Leaf's table (created from leafpool/database/sql/<dialect>/leaf_alloc.sql; described here for
+# queries only).
+leaf_alloc = Table(
+    "leaf_alloc",
+    metadata,
+    Column("biz_tag", String(128), primary_key=True, nullable=False, server_default=""),
+    Column("max_id", BigInteger, nullable=False, server_default="1"),
+    Column("step", Integer, nullable=False),
+    Column("description", String(256), nullable=True),
+    Column("update_time", DateTime, nullable=False, server_default=func.current_timestamp()),
+)
+
+# leafpool's own: the tags served in snowflake mode.
+snowflake_tag = Table(
+    "leafpool_snowflake_tag",
+    metadata,
+    Column("biz_tag", String(128), primary_key=True, nullable=False),
+    Column("description", String(256), nullable=True),
+    Column("create_time", DateTime, nullable=False, server_default=func.current_timestamp()),
+)
+
+# leafpool's own: the mark of every removed segment tag, kept after its leaf_alloc row
+# and its Redis keys are gone, so a tag added again under the same name (by `leafpool tag
+# add` or by hand in SQL) never hands out an ID it handed out before (docs/design.md §4).
+# ``max_id`` is the first ID the old tag never allocated.
+retired_tag = Table(
+    "leafpool_retired_tag",
+    metadata,
+    Column("biz_tag", String(128), primary_key=True, nullable=False),
+    Column("max_id", BigInteger, nullable=False),
+    Column("retire_time", DateTime, nullable=False, server_default=func.current_timestamp()),
+)
+
+OWN_TABLES = (snowflake_tag, retired_tag)
+
+
+def ddl_file(dialect: str, table: str) -> Path:
+    """The shipped SQL file creating ``table`` (``mysql`` serves MariaDB too)."""
+    return SQL_DIR / ("mysql" if dialect == "mysql" else "sqlite") / f"{table}.sql"
+
+
+def ddl_statement(dialect: str, table: str) -> str:
+    """The statement of :func:`ddl_file`, without its comment lines and final ``;``."""
+    lines = ddl_file(dialect, table).read_text().splitlines()
+    return "\n".join(line for line in lines if not line.startswith("--")).strip().rstrip(";")
+
+
+def make_engine(url: str) -> Engine:
+    """An engine with short connect timeouts, so a database outage is noticed in seconds."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    connect_args: dict[str, object] = {}
+    if parsed.get_backend_name() == "mysql":
+        connect_args = {"connect_timeout": 5, "read_timeout": 15, "write_timeout": 15}
+    return create_engine(url, pool_pre_ping=True, pool_recycle=1800, connect_args=connect_args)
+
+
+def driver_code(exc: DBAPIError) -> object:
+    """The driver's error code (MySQL's number), or None."""
+    args: tuple[object, ...] = tuple(getattr(exc.orig, "args", ()))
+    return args[0] if args else None
+
+
+def is_deadlock(exc: DBAPIError) -> bool:
+    return driver_code(exc) in (MYSQL_DEADLOCK, MYSQL_LOCK_WAIT_TIMEOUT)
+
+
+@contextmanager
+def transaction(
+    engine: Engine, what: str, passthrough: Callable[[DBAPIError], bool] = lambda _: False
+) -> Iterator[Connection]:
+    """One transaction, the driver boundary of every database user: an
+    :class:`IntegrityError` (and what ``passthrough`` accepts) goes up as it is, any
+    other driver error becomes :class:`BackendUnavailable` naming ``what``."""
+    try:
+        with engine.begin() as conn:
+            yield conn
+    except IntegrityError:
+        raise
+    except DBAPIError as exc:
+        if passthrough(exc):
+            raise
+        raise BackendUnavailable(f"database: {what} failed: {exc.orig!r}") from exc
+    except SQLAlchemyError as exc:
+        raise BackendUnavailable(f"database: {what} failed: {exc}") from exc

@@ -1,0 +1,81 @@
+"""The sweep: which tags need a refill now: below their low-water mark, never filled,
+with a short reserve, or found empty by a client. A short-lived ``queued`` marker per tag
+keeps the same refill from being queued twice (docs/design.md §3.7).
+
+:func:`sweep` reads each tag's :class:`~leafpool.redis.pool.Level` (``LLEN`` of the list and
+four state fields, two commands a tag) and the lock only of the tags found due: the
+reserve's shortness is recorded by the refill that left it short (``reserve_due``),
+so the reserve itself is not read. :func:`snapshot_sweep` is the sweep before that (a
+full snapshot of every tag: the reserve ranges, the whole state hash, the lock), kept as
+the benchmark's baseline. With ``tags``, :func:`sweep` looks only at those (the drop
+watcher's dirty tags: the incremental sweep).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from leafpool.redis.pool import Level, Pool
+
+
+@dataclass(frozen=True)
+class Due:
+    """A tag due a refill: its mode, and ``force`` (fill to the target, not only when
+    below low-water: a client found it empty)."""
+
+    tag: str
+    mode: str
+    force: bool
+
+
+def due_tags(levels: Sequence[Level], wanted: set[str]) -> list[Due]:
+    """The tags of ``levels`` that are due a refill (not counting their locks)."""
+    out = []
+    for lv in levels:
+        if lv.known and (lv.due() or lv.tag in wanted):
+            out.append(Due(lv.tag, lv.mode or "segment", lv.tag in wanted))
+    return out
+
+
+def queue_due(
+    pool: Pool, due: Sequence[Due], locked: Sequence[bool], queued_seconds: int
+) -> list[Due]:
+    """The due tags whose refill is not running (``locked``) and not already queued,
+    each marked queued now."""
+    free = [d for d, held in zip(due, locked, strict=True) if not held]
+    if not free:
+        return []
+    marked = pool.mark_queued_many([d.tag for d in free], queued_seconds)  # one round trip
+    return [d for d, ok in zip(free, marked, strict=True) if ok]
+
+
+def sweep(
+    pool: Pool, queued_seconds: int, tags: Sequence[str] | None = None
+) -> list[tuple[str, str, bool]]:
+    """Tags to refill now, as ``(tag, mode, force)``; each is marked queued. ``tags``:
+    look only at these (and the wanted ones), not every tag of the pool."""
+    wanted = set(pool.take_wanted())
+    names = pool.tags() if tags is None else sorted(set(tags) | wanted)
+    due = due_tags(pool.levels(names), wanted)
+    locked = pool.locks_held([d.tag for d in due]) if due else []
+    return [(d.tag, d.mode, d.force) for d in queue_due(pool, due, locked, queued_seconds)]
+
+
+def snapshot_sweep(pool: Pool, queued_seconds: int) -> list[tuple[str, str, bool]]:
+    """The sweep before levels (a full snapshot of every tag): the baseline the
+    benchmark compares :func:`sweep` with. Same decisions, except that it computes the
+    reserve's shortness from the ranges rather than reading ``reserve_due``."""
+    wanted = set(pool.take_wanted())
+    out: list[tuple[str, str, bool]] = []
+    for snap in pool.snapshots(pool.tags()):
+        if not snap.known:
+            continue
+        low_water = snap.int("low_water", -1)
+        below = low_water < 0 or snap.length < low_water
+        if snap.state.get("mode", "segment") == "segment":
+            below = below or snap.reserve_size < snap.int("reserve_target") // 2
+        force = snap.tag in wanted
+        if (below or force) and not snap.locked and pool.mark_queued(snap.tag, queued_seconds):
+            out.append((snap.tag, snap.state.get("mode", "segment"), force))
+    return out

@@ -1,0 +1,237 @@
+"""The drop watcher: a refill is queued when a pop takes a tag's list below its low-water
+mark, within milliseconds, whatever client popped (docs/design.md §3.7).
+
+Clients pop with a plain ``LPOP`` and cannot signal; Redis does. The watcher reads each
+tag's :class:`~leafpool.redis.pool.Level` on a connection with client-side-caching tracking
+on (``CLIENT TRACKING on REDIRECT``, default mode, RESP2): Redis then sends one
+invalidation on ``__redis__:invalidate`` (to the watcher's subscriber connection) the
+next time any key read there is written: a pop, a push, the lock taken or released. A
+key is tracked again only when it is read again, so a tag popped 50,000 times a second
+costs one invalidation and one read per ``interval`` (the reads are batched), and an
+idle tag costs nothing. The tag set and the ``wanted`` set are tracked the same way: a
+new tag is read at once; a client that found a tag empty gets a forced refill at once.
+
+After every (re)connect (Redis restarted, a Sentinel failover, a broken socket) tracking
+starts afresh, so the watcher reads every tag again (a full pass) before waiting. Every
+``HEARTBEAT_SECONDS`` without traffic it pings its subscriber and checks that its node is
+still the master (a failover that keeps the old master running).
+
+On a Redis Cluster tracking is per node connection and the tags are spread over nodes:
+the watcher does not run there (:func:`supported`), and the sweep runs every
+``LEAFPOOL_SWEEP_SECONDS`` as without it.
+
+The watcher decides; ``on_due`` acts (the Celery beat queues a refill task): this
+module does not import Celery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from leafpool.core.errors import LeafpoolError
+from leafpool.housekeeping.sweep import Due, due_tags, queue_due
+from leafpool.redis.connect import is_cluster
+from leafpool.redis.pool import Level, Pool
+from leafpool.redis.tracking import Tracking
+from leafpool.refill.sizing import RecentRate
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_SECONDS = 1.0
+RECONNECT_SECONDS = 0.5
+
+
+def supported(pool: Pool) -> bool:
+    """False on a Redis Cluster (tracking is per node; the sweep covers it alone)."""
+    return not is_cluster(pool.redis)
+
+
+@dataclass
+class WatchStats:
+    connects: int = 0  # sessions started (each begins with a full pass)
+    full_passes: int = 0
+    invalidations: int = 0
+    reads: int = 0  # tags read after an invalidation
+    queued: int = 0  # refills handed to on_due
+
+
+class DropWatcher:
+    """Watches every tag of ``pool`` and calls ``on_due`` for each tag due a refill
+    (marked queued first, so one refill is queued once). :meth:`start` runs it in a
+    daemon thread; :meth:`stop` ends it."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        on_due: Callable[[Due], None],
+        *,
+        interval_s: float = 0.01,
+        queued_seconds: int = 30,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        outgrown: Callable[[Level, float], bool] | None = None,
+    ) -> None:
+        """``outgrown(level, rate)``: whether a tag's pool is too small for the rate the
+        watcher sees (then it queues a forced refill, which sizes by that rate); None:
+        only drops below the low-water mark count."""
+        if not supported(pool):
+            raise LeafpoolError("the drop watcher does not run on a Redis Cluster")
+        self.pool = pool
+        self.on_due = on_due
+        self.interval_s = interval_s
+        self.queued_seconds = queued_seconds
+        self.stats = WatchStats()
+        self._outgrown = outgrown
+        self._monotonic = monotonic
+        self._wall = wall
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._rates: dict[str, RecentRate] = {}
+        self.ready = threading.Event()  # set once a session's full pass is done
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> DropWatcher:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, name="leafpool-drop-watcher", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def run(self) -> None:
+        """Watch until :meth:`stop`; reconnect (and read every tag again) after errors."""
+        while not self._stop.is_set():
+            try:
+                self._session()
+            except (LeafpoolError, OSError) as exc:
+                self.ready.clear()
+                log.warning("drop watcher: %s; reconnecting (then a full pass)", exc)
+                self._stop.wait(RECONNECT_SECONDS)
+            except Exception:  # a bug: say so loudly, keep watching (the sweep backs up)
+                self.ready.clear()
+                log.exception("drop watcher: unexpected error; reconnecting")
+                self._stop.wait(RECONNECT_SECONDS)
+
+    # -- one session: connect, full pass, then invalidations --------------------------------
+
+    def _session(self) -> None:
+        tracking = Tracking(self.pool.redis).open()
+        reader = tracking.reader
+        self.stats.connects += 1
+        try:
+            known = self._full_pass(reader)
+            self.ready.set()
+            dirty: set[str] = set()
+            tags_dirty = wanted_dirty = False
+            last_read = last_beat = self._monotonic()
+            while not self._stop.is_set():
+                now = self._monotonic()
+                pending = dirty or tags_dirty or wanted_dirty
+                wait = last_beat + HEARTBEAT_SECONDS - now
+                if pending:
+                    wait = min(wait, last_read + self.interval_s - now)
+                if tracking.wait(min(max(wait, 0.0), 0.25)):
+                    for keys in tracking.messages():
+                        self.stats.invalidations += 1
+                        if keys is None:  # a flush: every key of the node
+                            known = self._full_pass(reader)
+                            dirty.clear()
+                            tags_dirty = wanted_dirty = False
+                            continue
+                        for key in keys:
+                            if key == self.pool.keys.tags:
+                                tags_dirty = True
+                            elif key == self.pool.keys.wanted:
+                                wanted_dirty = True
+                            else:
+                                tag = self.pool.keys.tag_of(key)
+                                if tag is not None:
+                                    dirty.add(tag)
+                    continue
+                now = self._monotonic()
+                if pending and now >= last_read + self.interval_s:
+                    if tags_dirty:
+                        tags_dirty = False
+                        fresh = set(self.pool.tracked_tags(reader))
+                        dirty |= fresh - known
+                        for gone in known - fresh:
+                            self._rates.pop(gone, None)
+                        known = fresh
+                    wanted: set[str] = set()
+                    if wanted_dirty:
+                        wanted_dirty = False
+                        wanted = set(self.pool.take_wanted())
+                        if self.pool.tracked_wanted(reader):  # more came meanwhile
+                            wanted_dirty = True
+                    names = sorted((dirty & known) | (wanted & known))
+                    dirty.clear()
+                    self._decide(self.pool.tracked_levels(reader, names), wanted)
+                    self.stats.reads += len(names)
+                    last_read = self._monotonic()
+                if now >= last_beat + HEARTBEAT_SECONDS:
+                    tracking.heartbeat()
+                    last_beat = now
+        finally:
+            tracking.close()
+
+    def _full_pass(self, reader: Any) -> set[str]:
+        """Read (and so track) every tag, the tag set and the wanted set; queue what is
+        due. After a (re)connect nothing is tracked, so nothing would be heard otherwise."""
+        tags = self.pool.tracked_tags(reader)
+        wanted = set(self.pool.take_wanted())
+        self.pool.tracked_wanted(reader)
+        self._decide(self.pool.tracked_levels(reader, tags), wanted)
+        self.stats.full_passes += 1
+        log.info("drop watcher: watching %d tags (full pass)", len(tags))
+        return set(tags)
+
+    # -- deciding -------------------------------------------------------------------------
+
+    def _decide(self, levels: list[Level], wanted: set[str]) -> None:
+        now = self._monotonic()
+        rates = {}
+        for lv in levels:
+            if lv.known:
+                recent = self._rates.setdefault(lv.tag, RecentRate())
+                rates[lv.tag] = recent.add(now, lv.consumed)
+        due = due_tags(levels, wanted)
+        if self._outgrown is not None:
+            listed = {d.tag for d in due}
+            due += [
+                Due(lv.tag, lv.mode or "segment", True)
+                for lv in levels
+                if lv.known and lv.tag not in listed and self._outgrown(lv, rates.get(lv.tag, 0.0))
+            ]
+        if not due:
+            return
+        locked = {lv.tag: lv.locked for lv in levels}
+        for d in queue_due(self.pool, due, [locked[d.tag] for d in due], self.queued_seconds):
+            self._queue(d, rates.get(d.tag, 0.0))
+
+    def _queue(self, due: Due, rate: float) -> None:
+        try:
+            if rate > 0:  # the refill sizes the pool by it (docs/design.md §3.2)
+                self.pool.record(
+                    due.tag, drop_rate=f"{rate:.3f}", drop_rate_ms=int(self._wall() * 1000)
+                )
+            self.on_due(due)
+            self.stats.queued += 1
+        except Exception as exc:  # the broker is down: let the next read try again
+            log.warning("%s: refill not queued: %s", due.tag, exc)
+            with contextlib.suppress(LeafpoolError):
+                self.pool.clear_queued(due.tag)

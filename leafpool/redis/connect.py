@@ -1,0 +1,122 @@
+"""Redis connections and Redis errors: the one place that opens a connection (sync and
+asyncio) for each topology, and the one place that turns redis-py's errors into
+leafpool's (:class:`~leafpool.core.errors.BackendUnavailable`).
+
+Topologies (docs/design.md §7), chosen by the settings:
+
+- ``single``: ``LEAFPOOL_REDIS_URL``;
+- ``sentinel``: redis-py's :class:`~redis.sentinel.Sentinel` over
+  ``LEAFPOOL_REDIS_SENTINELS``; the client asks the sentinels for the master of
+  ``LEAFPOOL_REDIS_MASTER_NAME`` and asks again after a failover (the URL gives the
+  database number and the password);
+- ``cluster``: redis-py's :class:`~redis.cluster.RedisCluster`, from the URL of any node.
+
+Timeouts are short so an outage is noticed in seconds; redis-py uses the hiredis parser
+when it is installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.cluster import RedisCluster
+from redis.connection import parse_url
+from redis.sentinel import Sentinel
+
+from leafpool.core.errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from leafpool.core.config import Settings
+
+#: a client of the pools' Redis, whatever the topology. RedisCluster speaks the same
+#: command API as Redis (it routes each command by its key's slot); it is typed as Redis
+#: for the callers, and :func:`is_cluster` tells the two apart where it matters.
+RedisClient = redis.Redis
+AsyncRedisClient = aioredis.Redis
+
+
+def is_cluster(client: object) -> bool:
+    return isinstance(client, RedisCluster | AsyncRedisCluster)
+
+
+def _options(timeout: float) -> dict[str, Any]:
+    return {"socket_timeout": timeout, "socket_connect_timeout": timeout,
+            "health_check_interval": 30}
+
+
+def _url_auth(url: str) -> dict[str, Any]:
+    """Database number, user name and password of a Redis URL (for Sentinel's master)."""
+    parsed: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
+    return {k: parsed[k] for k in ("db", "username", "password") if parsed.get(k) is not None}
+
+
+@dataclass(frozen=True)
+class _Flavour:
+    """redis-py's classes of one flavour (blocking or asyncio): one node, a Cluster and a
+    Sentinel group."""
+
+    node: Any
+    cluster: Any
+    sentinel: Any
+
+
+_BLOCKING = _Flavour(redis.Redis, RedisCluster, Sentinel)
+_ASYNCIO = _Flavour(aioredis.Redis, AsyncRedisCluster, AsyncSentinel)
+
+
+def _open(flavour: _Flavour, settings: Settings | str, timeout: float) -> Any:
+    if isinstance(settings, str):
+        return flavour.node.from_url(settings, **_options(timeout))
+    topology = settings.redis_topology
+    if topology == "cluster":
+        return flavour.cluster.from_url(
+            settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    if topology == "sentinel":
+        sentinel = flavour.sentinel(list(settings.sentinels),
+                                    sentinel_kwargs=_options(timeout), **_options(timeout))
+        return sentinel.master_for(settings.redis_master_name,
+                                   **_url_auth(settings.redis_url), **_options(timeout))
+    return flavour.node.from_url(settings.redis_url, **_options(timeout))
+
+
+def connect(settings: Settings | str, *, timeout: float = 5.0) -> RedisClient:
+    """The pools' Redis in the configured topology (a bare URL: one node)."""
+    return cast(RedisClient, _open(_BLOCKING, settings, timeout))
+
+
+def connect_async(settings: Settings | str, *, timeout: float = 5.0) -> AsyncRedisClient:
+    """The asyncio twin of :func:`connect`."""
+    return cast(AsyncRedisClient, _open(_ASYNCIO, settings, timeout))
+
+
+def answers(client: RedisClient) -> bool:
+    """True when the node answers PING; False when nothing accepts the connection (other
+    errors, such as a refused password, are raised as :class:`BackendUnavailable`)."""
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+    except redis.RedisError as exc:
+        raise BackendUnavailable(f"redis: PING: {exc}") from exc
+
+
+@contextmanager
+def redis_errors(what: str) -> Iterator[None]:
+    """Wrap redis-py's errors at the boundary: ``what`` names the tag and the command."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise BackendUnavailable(f"redis: {what}: {exc}") from exc
+
+
+def wrap(exc: redis.RedisError, what: str) -> BackendUnavailable:
+    """The leafpool error for ``exc`` (for hot paths that catch redis-py's errors
+    themselves rather than enter :func:`redis_errors`)."""
+    return BackendUnavailable(f"redis: {what}: {exc}")

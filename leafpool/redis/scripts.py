@@ -1,0 +1,51 @@
+"""The Lua scripts of leafpool, one ``.lua`` file each under ``leafpool/redis/lua/``.
+
+Each file opens with its KEYS/ARGV/return contract. Helpers shared by several scripts are
+written once under ``leafpool/redis/lua/lib/`` and put in place of a ``-- @include NAME`` line
+when the script is loaded. The scripts are registered with redis-py's
+:class:`~redis.commands.core.Script`, which runs EVALSHA and falls back to EVAL after a
+Redis restart (NOSCRIPT).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+
+# Return codes shared by the scripts (see each file's header).
+LOCK_LOST = -1
+HEAD_MOVED = -2
+NOT_ABOVE_HWM = -3
+LIST_NOT_EMPTY = -4
+BELOW_RESERVE_TAIL = -5
+OUTSIDE_HEAD = -6
+NOT_DECIMAL = -7
+
+REFUSALS = {
+    LOCK_LOST: "the refill lock is not held with this token",
+    HEAD_MOVED: "the reserve head moved",
+    NOT_ABOVE_HWM: "the IDs are not above the tag's high-water mark",
+    LIST_NOT_EMPTY: "the ids list is not empty",
+    BELOW_RESERVE_TAIL: "the range starts below the end of the reserve",
+    OUTSIDE_HEAD: "the IDs do not lie in the reserve head range (or are not increasing)",
+    NOT_DECIMAL: "a value is not a canonical non-negative decimal",
+}
+
+# Refusals a client taking from the reserve may retry: the state it read has moved on.
+RETRYABLE_TAKE = frozenset({HEAD_MOVED, LIST_NOT_EMPTY})
+
+LUA_DIR = Path(__file__).parent / "lua"
+_INCLUDE = re.compile(r"^-- @include (\w+)$", re.MULTILINE)
+
+
+@cache
+def source(name: str) -> str:
+    """The text of ``leafpool/redis/lua/<name>.lua``, its ``-- @include`` lines replaced by
+    the helpers of ``leafpool/redis/lua/lib/``."""
+    return expand((LUA_DIR / f"{name}.lua").read_text())
+
+
+def expand(text: str) -> str:
+    """``text`` with each ``-- @include NAME`` line replaced by ``lua/lib/NAME.lua``."""
+    return _INCLUDE.sub(lambda m: (LUA_DIR / "lib" / f"{m.group(1)}.lua").read_text(), text)

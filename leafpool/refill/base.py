@@ -1,0 +1,183 @@
+"""What every refiller shares (docs/design.md §3): one refill at a time per tag (the
+lock), the measurement of consumption and the targets derived from it, and the
+record of a failure. :mod:`leafpool.segment.refiller` and
+:mod:`leafpool.snowflake.refiller` fill the list from their source."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from leafpool.core.config import Settings
+from leafpool.core.errors import BackendUnavailable, CounterBehind, LeafpoolError
+from leafpool.redis.lock import RefillLock
+from leafpool.redis.pool import Pool, Snapshot
+from leafpool.refill.sizing import (
+    HINT_FRESH_SECONDS,
+    instant_rate,
+    pool_target,
+    sizing_rate,
+    smooth_rate,
+)
+
+log = logging.getLogger(__name__)
+
+#: after a failed refill, how long the sweep and the drop watcher leave the tag to Celery's
+#: retry (at most the retry backoff's maximum): at most one more refill this often while a
+#: backend is down, and a lost retry delays the tag's next refill no longer than this
+FAILED_HOLD_SECONDS = 5
+
+
+@dataclass
+class RefillResult:
+    """What one refill did; also the Celery task result Flower shows."""
+
+    tag: str
+    pushed: int = 0
+    length: int = 0
+    target: int = 0
+    step: int = 0
+    segments: list[str] = field(default_factory=list)
+    worker_id: int | None = None
+    skipped: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"skipped: {self.skipped}"
+        segs = f", segments {' '.join(self.segments)}" if self.segments else ""
+        return f"pushed {self.pushed}, length {self.length}/{self.target}, step {self.step}{segs}"
+
+
+@dataclass(frozen=True)
+class Measure:
+    """Consumption rate and the targets derived from it (protocol steps 1-2)."""
+
+    rate: float
+    consumed_total: int
+    target: int
+    low_water: int
+
+
+class Refiller(ABC):
+    """One refill at a time per tag: the lock, the measurement, the failure record.
+    Subclasses fill the list from their source in :meth:`_refill_locked`."""
+
+    mode: str
+
+    def __init__(
+        self,
+        pool: Pool,
+        settings: Settings,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``wall``: seconds since the epoch (recorded times, rates); ``monotonic``:
+        seconds for intervals (the lock's extension)."""
+        self.pool = pool
+        self.settings = settings
+        self._wall = wall
+        self._monotonic = monotonic
+
+    def _now_ms(self) -> int:
+        return int(self._wall() * 1000)
+
+    def refill(self, tag: str, force: bool = False) -> RefillResult:
+        """Refill ``tag`` if it is below its low-water mark (or not full, with ``force``).
+
+        Returns ``skipped="locked"`` when another refiller holds the tag.
+        """
+        lock = self.pool.refill_lock(tag, self.settings.lock_ttl_ms, self._monotonic)
+        if not lock.acquire():
+            return RefillResult(tag, skipped="locked")
+        with lock:
+            snap = self._ensure_known(tag)  # UnknownTag: nothing recorded (no keys made)
+            mode = snap.state.get("mode", "segment")
+            if mode != self.mode:
+                return RefillResult(tag, skipped=f"mode is {mode}")
+            self.pool.note_master(snap, self._now_ms())
+            try:
+                result = self._refill_locked(snap, lock, force)
+            except LeafpoolError as exc:
+                self._record_failure(tag, exc)
+                raise
+            self.pool.record(
+                tag,
+                counts={"refills": 1},
+                last_refill_ms=self._now_ms(),
+                last_refill_result=f"ok +{result.pushed}",
+            )
+        log.info("%s: refill %s", tag, result.summary())
+        return result
+
+    def _record_failure(self, tag: str, exc: LeafpoolError) -> None:
+        level = logging.ERROR if isinstance(exc, CounterBehind) else logging.WARNING
+        log.log(level, "%s: refill failed: %s", tag, exc)
+        with contextlib.suppress(BackendUnavailable):  # Redis down: the exception says so
+            # reserve_due: a failed refill may have left the reserve short; the sweep
+            # queues the tag again (the next refill that tops it up clears the flag).
+            # Until then the queued marker holds the triggers off for a few seconds
+            # (FAILED_HOLD_SECONDS; Celery retries this refill meanwhile): without it the
+            # drop watcher would queue a refill against a database that is down as fast as
+            # each fails (set while the lock is held, so the watcher hears the release after
+            # it). Not for the whole retry backoff: a retry waits in its worker's memory and
+            # is lost with it (Celery's worker can exit on a broker failover), and the tag
+            # would have no trigger until the marker expired (30 s, seen in the Sentinel
+            # failover test)
+            registered = self.pool.record(
+                tag,
+                counts={"refill_failures": 1},
+                last_error=str(exc),
+                reserve_due=1,
+                last_error_ms=self._now_ms(),
+                last_refill_ms=self._now_ms(),
+                last_refill_result=f"failed: {type(exc).__name__}",
+            )
+            if registered:  # a dropped tag gets no stray key
+                backoff = math.ceil(self.settings.refill_retry_backoff_max)
+                hold = max(1, min(FAILED_HOLD_SECONDS, backoff))
+                self.pool.mark_queued(tag, hold)
+
+    def _measure(self, snap: Snapshot, pool_seconds: float) -> Measure:
+        """Smooth the consumption rate and record it with the targets."""
+        s = self.settings
+        now = self._wall()
+        consumed_total = snap.int("pushed_total") - snap.length
+        rate = snap.float("rate")
+        instant = 0.0
+        if "rate_ts_ms" in snap.state:
+            elapsed = now - snap.int("rate_ts_ms") / 1000
+            consumed = consumed_total - snap.int("rate_consumed")
+            rate = smooth_rate(rate, consumed, elapsed, s.rate_smoothing)
+            instant = instant_rate(consumed, elapsed)
+        sized = rate
+        if s.burst_sizing:
+            hint = snap.float("drop_rate")
+            if now - snap.int("drop_rate_ms") / 1000 > HINT_FRESH_SECONDS:
+                hint = 0.0
+            sized = sizing_rate(rate, instant, hint)
+        target = pool_target(sized, pool_seconds, s.pool_floor, s.pool_ceiling)
+        low_water = math.ceil(target * s.low_water_ratio)
+        self.pool.record(
+            snap.tag,
+            rate=f"{rate:.3f}",
+            rate_ts_ms=int(now * 1000),
+            rate_consumed=consumed_total,
+            target=target,
+            low_water=low_water,
+            sizing_rate=f"{sized:.3f}",
+        )
+        return Measure(sized, consumed_total, target, low_water)
+
+    @abstractmethod
+    def _ensure_known(self, tag: str) -> Snapshot: ...
+
+    @abstractmethod
+    def _refill_locked(self, snap: Snapshot, lock: RefillLock, force: bool) -> RefillResult: ...

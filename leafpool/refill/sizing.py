@@ -1,0 +1,77 @@
+"""The pool sizing rule, as pure functions (docs/design.md §3.2): how many ready IDs
+a pool should hold for a consumption rate, how that rate is measured and smoothed,
+and when a pool has outgrown its target."""
+
+from __future__ import annotations
+
+import math
+
+
+def pool_target(rate: float, seconds: float, floor: int, ceiling: int) -> int:
+    """How many ready IDs a pool should hold: ``rate x seconds`` within the bounds."""
+    want = math.ceil(rate * seconds) if rate > 0 else 0
+    return max(floor, min(ceiling, want))
+
+
+def smooth_rate(previous: float, consumed: int, elapsed: float, alpha: float) -> float:
+    """Exponentially smoothed consumption rate (IDs/s)."""
+    if elapsed <= 0:
+        return previous
+    instant = max(consumed, 0) / elapsed
+    if previous <= 0:
+        return instant
+    return alpha * instant + (1 - alpha) * previous
+
+
+# -- burst sizing (docs/design.md §3.2) -----------------------------------------------------
+
+#: a drop watcher's recent rate counts for sizing this long after it was measured
+HINT_FRESH_SECONDS = 5.0
+#: a recent rate is measured over at least this long (a batch pop of 100 just after a
+#: read is 100/s, not 100 per ms: an idle tag is not sized as a flood by one call; a
+#: real burst of 50,000/s reads 5,000/s after 0.1 s, 30 s of which is 150,000 IDs), and
+#: forgets samples older than the window
+MIN_SPAN_SECONDS = 1.0
+WINDOW_SECONDS = 2.0
+
+
+def sizing_rate(smoothed: float, instant: float, hint: float = 0.0) -> float:
+    """The rate a pool is sized by: the largest of the smoothed rate (slow to rise and to
+    fall), the consumption since the last refill (``instant``: a jump shows in full at
+    the first refill after it) and a drop watcher's recent rate (``hint``)."""
+    return max(smoothed, instant, hint, 0.0)
+
+
+def outgrown(rate: float, seconds: float, target: int, ceiling: int) -> bool:
+    """A pool sized for less than half of what ``rate`` asks (``rate x seconds``) and
+    not at its ceiling: the drop watcher queues a forced refill to resize it now rather
+    than when the list next crosses its low-water mark (half a too-small pool later)."""
+    return 0 < target < ceiling and rate * seconds >= 2 * target
+
+
+def instant_rate(consumed: int, elapsed: float) -> float:
+    """IDs/s consumed since the last refill's measurement (0 when no time passed)."""
+    return max(consumed, 0) / elapsed if elapsed > 0 else 0.0
+
+
+class RecentRate:
+    """Consumption rate of one tag over the last :data:`WINDOW_SECONDS`, from the
+    watcher's reads (``consumed`` = pushed_total - LLEN at a time). Samples closer than
+    :data:`MIN_SPAN_SECONDS` to the newest count as that span, so two reads a few ms
+    apart around one batch pop do not read as a flood."""
+
+    def __init__(self) -> None:
+        self._samples: list[tuple[float, int]] = []
+
+    def add(self, now: float, consumed: int) -> float:
+        """Record a sample; returns the rate over the window (0 with one sample)."""
+        samples = self._samples
+        if samples and consumed < samples[-1][1]:
+            samples.clear()  # the counters went back (a restored or re-created tag)
+        samples.append((now, consumed))
+        while len(samples) > 2 and now - samples[1][0] >= WINDOW_SECONDS:
+            samples.pop(0)
+        if len(samples) < 2:
+            return 0.0
+        t0, c0 = samples[0]
+        return (consumed - c0) / max(now - t0, MIN_SPAN_SECONDS)

@@ -1,0 +1,114 @@
+"""A snowflake generator bound to a worker-ID lease: the caller's side of the registry
+contract (:mod:`leafpool.snowflake.registry.base`) in one object. The IDs
+:meth:`LeasedGenerator.next_batch` returns may be pushed: the recorded mark covers them
+(written ``window_ms`` ahead, about once a window), so a restarted or reclaimed worker ID
+starts above them.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from leafpool.core.config import Settings
+from leafpool.core.errors import LeafpoolError
+from leafpool.core.snowflake_layout import wall_clock_ms
+from leafpool.snowflake.generator import SnowflakeGenerator
+from leafpool.snowflake.registry.base import BaseRegistry, Lease
+
+log = logging.getLogger(__name__)
+
+
+class LeasedGenerator:
+    def __init__(
+        self,
+        registry: BaseRegistry,
+        settings: Settings,
+        *,
+        window_ms: int | None = None,
+        clock: Callable[[], int] = wall_clock_ms,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.window_ms = (
+            int(settings.snowflake_report_seconds * 1000) if window_ms is None else window_ms
+        )
+        self._generator_kwargs: dict[str, Any] = {"clock": clock, "sleep": sleep, "rng": rng}
+        self.generator: SnowflakeGenerator | None = None
+        self.lease: Lease | None = None
+        self._recorded = 0
+
+    def start(self) -> Lease:
+        """Claim a worker ID and build the generator above its recorded timestamp."""
+        lease = self.registry.claim()
+        self.generator = SnowflakeGenerator.from_settings(
+            lease.worker_id,
+            self.settings,
+            high_water_ms=lease.last_timestamp_ms,
+            **self._generator_kwargs,
+        )
+        self.lease = lease
+        self._recorded = lease.last_timestamp_ms
+        days = self.settings.snowflake_exhaustion_warn_days
+        if self.generator.exhausts_within(days):
+            log.warning(
+                "worker %d: the snowflake time bits run out in %.2f years "
+                "(LEAFPOOL_SNOWFLAKE_EPOCH=%d)",
+                lease.worker_id,
+                self.generator.years_left(),
+                self.settings.snowflake_epoch,
+            )
+        return lease
+
+    def lease_state(self, error: LeafpoolError | None = None) -> str:
+        """What status shows for this generator's worker ID: ``held (mode, from
+        source)``, ``fenced: <why>`` once the registry fenced it (for good), or
+        ``unavailable: <error>`` when no worker ID could be claimed."""
+        fenced = self.registry.fenced
+        if fenced is not None:
+            return f"fenced: {fenced}"
+        lease = self.lease
+        if error is None and lease is not None:
+            return f"held ({lease.mode}, from {lease.source})"
+        return f"unavailable: {error}" if error is not None else "none"
+
+    def next_batch(self, n: int) -> list[int]:
+        """``n`` IDs, the recorded mark covering their timestamps (a window ahead)."""
+        if self.generator is None:
+            self.start()
+        assert self.generator is not None
+        self.registry.check()
+        ids = self.generator.next_batch(n)
+        last = self.generator.last_timestamp_ms
+        if last is not None and last > self._recorded:
+            self.registry.record_high_water(last + self.window_ms)
+            self._recorded = last + self.window_ms
+        self.registry.check()
+        return ids
+
+    def next_id(self) -> int:
+        return self.next_batch(1)[0]
+
+    def close(self) -> None:
+        """Release the worker ID (clean shutdown)."""
+        gen = self.generator
+        last = gen.last_timestamp_ms if gen is not None else None
+        try:
+            self.registry.release(last_emitted_ms=last)
+        except LeafpoolError as exc:
+            wid = self.lease.worker_id if self.lease else -1
+            log.warning("worker %d: releasing the worker ID failed: %s", wid, exc)
+        self.generator = None
+        self.lease = None
+
+    def __enter__(self) -> LeasedGenerator:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,246 @@
+"""Mode ``mysql``: worker IDs in NotFound9's ``leaf_workerid_alloc`` table (DDL unchanged,
+``leafpool/database/sql/mysql/leaf_workerid_alloc.sql``) in the database of
+``LEAFPOOL_DATABASE_URL`` (MySQL or MariaDB). How its columns are used, the claim, the
+lease and a start without the database: docs/design.md §8.4.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import AbstractContextManager
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Engine,
+    MetaData,
+    String,
+    Table,
+    and_,
+    case,
+    func,
+    literal_column,
+    or_,
+    select,
+    text,
+)
+from sqlalchemy.dialects.mysql import TIMESTAMP
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+
+from leafpool.core.config import Settings
+from leafpool.core.errors import BackendUnavailable, ConfigurationError, WorkerIdUnavailable
+from leafpool.core.snowflake_layout import MAX_WORKER_ID
+from leafpool.database.engine import ddl_statement, make_engine, transaction
+from leafpool.snowflake.registry.base import BaseRegistry, Lease, Start
+from leafpool.snowflake.registry.cache import CacheRecord
+
+log = logging.getLogger(__name__)
+
+CLAIM_ATTEMPTS = 5
+
+#: NotFound9's DDL (columns, types and index unchanged), without its DROP TABLE.
+DDL = ddl_statement("mysql", "leaf_workerid_alloc")
+
+#: the table, as the queries below name it
+_t = Table(
+    "leaf_workerid_alloc",
+    MetaData(),
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("ip", String(127)),
+    Column("port", String(127)),
+    Column("ip_port", String(127), nullable=False, unique=True),
+    Column("max_timestamp", BigInteger),
+    Column("create_time", TIMESTAMP, nullable=True),
+    Column("update_time", TIMESTAMP, nullable=True),
+)
+
+
+class MySqlRegistry(BaseRegistry):
+    mode = "mysql"
+    leased = True
+
+    def __init__(
+        self,
+        settings: Settings,
+        identity: str,
+        *,
+        engine: Engine | None = None,
+        create_table: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(settings, identity, **kwargs)
+        url = settings.database_url
+        if engine is None:
+            if make_url(url).get_backend_name() != "mysql":
+                raise ConfigurationError(
+                    "LEAFPOOL_DATABASE_URL",
+                    url,
+                    "snowflake mode mysql needs a MySQL/MariaDB URL (mysql+pymysql://...)",
+                )
+            engine = make_engine(url)
+        self.engine = engine
+        self.create_table = create_table
+        self.lease_db_s = max(1, math.ceil(settings.snowflake_lease_seconds))
+
+    def _tx(self, what: str) -> AbstractContextManager[Connection]:
+        """A deadlock goes up as it is (the caller retries); other driver errors become
+        BackendUnavailable."""
+        return transaction(self.engine, f"{self.identity}: {what}", passthrough=_deadlock)
+
+    def _expired(self) -> Any:
+        cutoff = func.timestampadd(literal_column("SECOND"), -self.lease_db_s, func.now())
+        return or_(_t.c.update_time.is_(None), _t.c.update_time < cutoff)
+
+    def _ours(self, lease: Lease) -> Any:
+        """The row of ``lease``, while this process holds it."""
+        return and_(
+            _t.c.id == lease.worker_id, _t.c.ip_port == self.identity, _t.c.port == self.token
+        )
+
+    # -- claim --------------------------------------------------------------------------
+
+    def _acquire(self, cached: CacheRecord | None) -> Start:
+        try:
+            if self.create_table:
+                with self._tx("creating leaf_workerid_alloc") as conn:
+                    conn.execute(text(DDL))
+            for _attempt in range(CLAIM_ATTEMPTS):
+                try:
+                    with self.deadline.renewing(), self._tx("claim") as conn:
+                        return self._claim_in(conn, cached)
+                except (IntegrityError, OperationalError) as exc:  # a race, or a deadlock
+                    log.info(
+                        "%s: claim raced another process (%s); retrying", self.identity, exc.orig
+                    )
+            raise WorkerIdUnavailable(
+                f"{self.identity}: claim kept racing; gave up after {CLAIM_ATTEMPTS} attempts"
+            )
+        except BackendUnavailable as exc:
+            return self._cached_start(f"MySQL unreachable ({exc})", exc, cached)
+
+    def _claim_in(self, conn: Connection, cached: CacheRecord | None) -> Start:
+        expired = case((self._expired(), 1), else_=0).label("expired")
+        row = conn.execute(
+            select(_t, expired).where(_t.c.ip_port == self.identity).with_for_update()
+        ).first()
+        if row is not None:
+            worker_id, recorded, how = int(row.id), int(row.max_timestamp or 0), "reused"
+            if worker_id > MAX_WORKER_ID:
+                raise WorkerIdUnavailable(
+                    f"{self.identity}: its leaf_workerid_alloc row has id {worker_id}, above "
+                    f"{MAX_WORKER_ID}; delete that row so a valid worker ID can be assigned"
+                )
+            gone = cached is not None and cached.left_by_gone_writer(row.port)
+            if not row.expired and not gone:
+                raise WorkerIdUnavailable(
+                    f"{self.identity}: identity in use: its worker {worker_id} is leased by "
+                    f"another live process (renewed at {row.update_time}); two processes "
+                    f"must not share an identity (retry after {self.lease_db_s}s)"
+                )
+        else:
+            worker_id, recorded, how = self._new_row(conn)
+        start = self._start(
+            worker_id, recorded, f"MySQL leaf_workerid_alloc id={worker_id}", cached, "mysql"
+        )
+        conn.execute(
+            _t.update()
+            .where(_t.c.id == worker_id)
+            .values(ip=self.host, port=self.token, max_timestamp=start.mark, update_time=func.now())
+        )
+        log.info("%s: worker %d %s from leaf_workerid_alloc", self.identity, worker_id, how)
+        return start
+
+    def _new_row(self, conn: Connection) -> tuple[int, int, str]:
+        used = set(
+            conn.execute(
+                select(_t.c.id).where(_t.c.id <= MAX_WORKER_ID).with_for_update()
+            ).scalars()
+        )
+        free = next((i for i in range(1, MAX_WORKER_ID + 1) if i not in used), None)
+        if free is not None:  # the claim fills in the rest
+            conn.execute(_t.insert().values(id=free, ip_port=self.identity, create_time=func.now()))
+            return free, 0, "inserted"
+        victim = conn.execute(
+            select(_t)
+            .where(_t.c.id <= MAX_WORKER_ID, self._expired())
+            .order_by(_t.c.update_time, _t.c.id)
+            .limit(1)
+            .with_for_update()
+        ).first()
+        if victim is None:
+            raise WorkerIdUnavailable(
+                f"{self.identity}: all {MAX_WORKER_ID} worker IDs of leaf_workerid_alloc "
+                f"(1..{MAX_WORKER_ID}) are leased by live processes (renewed within "
+                f"{self.lease_db_s}s); none can be recycled"
+            )
+        conn.execute(_t.update().where(_t.c.id == victim.id).values(ip_port=self.identity))
+        log.warning(
+            "%s: recycling worker %d from %r (lease expired at %s)",
+            self.identity,
+            victim.id,
+            victim.ip_port,
+            victim.update_time,
+        )
+        return int(victim.id), int(victim.max_timestamp or 0), f"recycled from {victim.ip_port!r}"
+
+    # -- running ------------------------------------------------------------------------
+
+    def _renew(self, lease: Lease, ms: int) -> bool:
+        """Raise the mark to ``ms`` and renew the lease, if the row is still ours."""
+        with self.deadline.renewing():
+            with self._tx("renew") as conn:
+                result = conn.execute(
+                    _t.update()
+                    .where(self._ours(lease))
+                    .values(
+                        max_timestamp=func.greatest(func.coalesce(_t.c.max_timestamp, 0), ms),
+                        update_time=func.now(),
+                    )
+                )
+            if result.rowcount == 0:
+                self._fence(
+                    f"leaf_workerid_alloc id={lease.worker_id} was taken over by another process"
+                )
+                self.check()
+        if self.degraded:
+            log.info("%s: MySQL reachable again; worker %d renewed", self.identity, lease.worker_id)
+            self.degraded = False
+        return True
+
+    def _write_mark(self, lease: Lease, ms: int) -> None:
+        try:
+            self._renew(lease, ms)
+        except BackendUnavailable:
+            if not self.degraded:
+                raise
+            self.check()  # within the cached lease: the cache file holds the mark
+            log.warning(
+                "%s: worker %d: high-water %d recorded in the cache file only (MySQL unreachable)",
+                self.identity,
+                lease.worker_id,
+                ms,
+            )
+
+    def _give_back(self, lease: Lease, final_ms: int) -> None:
+        try:
+            with self._tx("release") as conn:
+                conn.execute(
+                    _t.update()
+                    .where(self._ours(lease))
+                    .values(max_timestamp=final_ms, update_time=None)
+                )
+        except BackendUnavailable as exc:
+            log.warning("%s: release of worker %d failed: %s", self.identity, lease.worker_id, exc)
+
+    def _close(self) -> None:
+        self.engine.dispose()
+
+
+def _deadlock(exc: DBAPIError) -> bool:
+    """A lock wait timeout (MySQL error 1205) or a deadlock (1213): the claim is retried."""
+    args: tuple[Any, ...] = getattr(exc.orig, "args", ())
+    return isinstance(exc, OperationalError) and bool(args) and args[0] in (1205, 1213)

@@ -1,0 +1,78 @@
+"""The sweep that queues refills."""
+
+from __future__ import annotations
+
+import redis
+
+from leafpool.housekeeping.sweep import snapshot_sweep, sweep
+from leafpool.redis.pool import Pool
+
+
+def test_sweep_queues_new_low_and_wanted_tags_once(pool: Pool, r: redis.Redis) -> None:
+    pool.register("new", "segment", 0)
+    pool.register("full", "segment", 0, low_water=2, target=4)
+    r.rpush("leafpool:{full}:ids", 1, 2, 3)
+    pool.register("low", "segment", 0, low_water=2, target=4)
+    r.rpush("leafpool:{low}:ids", 1)
+    assert sorted(sweep(pool, 30)) == [("low", "segment", False), ("new", "segment", False)]
+    assert sweep(pool, 30) == []  # already queued
+    pool.want("full")
+    assert sweep(pool, 30) == [("full", "segment", True)]
+    pool.clear_queued("low")
+    assert sweep(pool, 30) == [("low", "segment", False)]
+
+
+def test_sweep_skips_a_tag_being_refilled(pool: Pool, r: redis.Redis) -> None:
+    pool.register("busy", "segment", 0)
+    r.set("leafpool:{busy}:lock", "token")
+    assert sweep(pool, 30) == []
+
+
+def _mixed_tags(pool: Pool, r: redis.Redis) -> None:
+    """One tag of each kind the sweep must tell apart."""
+    pool.register("new", "segment", 0)  # never refilled
+    pool.register("full", "segment", 0, low_water=2, target=4, reserve_target=10, reserve_due=0)
+    r.rpush("leafpool:{full}:ids", 1, 2, 3)
+    r.rpush("leafpool:{full}:reserve", "10:20")
+    pool.register("low", "segment", 0, low_water=2, target=4, reserve_target=10, reserve_due=0)
+    r.rpush("leafpool:{low}:ids", 1)
+    r.rpush("leafpool:{low}:reserve", "10:20")
+    # a refill left the reserve short (the flag) and the ranges say so too
+    pool.register("short", "segment", 0, low_water=2, target=4, reserve_target=100, reserve_due=1)
+    r.rpush("leafpool:{short}:ids", 1, 2, 3)
+    r.rpush("leafpool:{short}:reserve", "10:20")
+    pool.register("flake", "snowflake", 0, low_water=2, target=4, reserve_due=1)
+    r.rpush("leafpool:{flake}:ids", 1, 2, 3)  # snowflake: no reserve, not due
+    pool.register("locked", "segment", 0, low_water=2, target=4)
+    r.set("leafpool:{locked}:lock", "token")
+    pool.register("wanted", "segment", 0, low_water=2, target=4, reserve_target=10, reserve_due=0)
+    r.rpush("leafpool:{wanted}:ids", 1, 2, 3)
+    r.rpush("leafpool:{wanted}:reserve", "10:20")
+    pool.want("wanted")
+
+
+def test_the_level_sweep_finds_what_the_snapshot_sweep_found(pool: Pool, r: redis.Redis) -> None:
+    _mixed_tags(pool, r)
+    before = sorted(snapshot_sweep(pool, 30))
+    assert before == [
+        ("low", "segment", False),
+        ("new", "segment", False),
+        ("short", "segment", False),
+        ("wanted", "segment", True),
+    ]
+    for tag in ("low", "new", "short", "wanted"):
+        pool.clear_queued(tag)
+    pool.want("wanted")
+    assert sorted(sweep(pool, 30)) == before
+
+
+def test_an_incremental_sweep_looks_at_the_given_tags_and_the_wanted_ones(
+    pool: Pool, r: redis.Redis
+) -> None:
+    _mixed_tags(pool, r)
+    assert sorted(sweep(pool, 30, tags=["low", "full"])) == [
+        ("low", "segment", False),
+        ("wanted", "segment", True),
+    ]
+    assert sweep(pool, 30, tags=[]) == []
+    assert sorted(sweep(pool, 30)) == [("new", "segment", False), ("short", "segment", False)]

@@ -1,0 +1,249 @@
+"""The drop watcher (leafpool/housekeeping/watch.py) against a real redis-server: a pop that takes a
+list below its low-water mark queues a refill with no sweep running; a new tag, a
+client's empty hit and a released lock are heard too; after a Redis restart it reads
+every tag again; what it queues is what a full sweep finds."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from leafpool.core.config import Settings
+from leafpool.housekeeping.sweep import Due, due_tags
+from leafpool.housekeeping.watch import DropWatcher
+from leafpool.redis.pool import Pool
+from leafpool.segment.refiller import SegmentRefiller
+from leafpool.segment.store import SegmentStore
+from tests.support import services
+from tests.support.clocks import FakeWallClock
+
+WAIT = 10.0  # bounded polling for what the watcher must do
+
+
+class Queued:
+    """The watcher's callback: records every refill it queues."""
+
+    def __init__(self, action: Callable[[Due], object] | None = None) -> None:
+        self.due: list[Due] = []
+        self.action = action
+        self._lock = threading.Lock()
+
+    def __call__(self, due: Due) -> None:
+        if self.action is not None:
+            self.action(due)
+        with self._lock:
+            self.due.append(due)
+
+    def tags(self) -> list[str]:
+        with self._lock:
+            return [d.tag for d in self.due]
+
+
+@pytest.fixture
+def queued() -> Queued:
+    return Queued()
+
+
+@pytest.fixture
+def watcher(pool: Pool, queued: Queued) -> Iterator[DropWatcher]:
+    w = DropWatcher(pool, queued, interval_s=0.005).start()
+    assert w.ready.wait(WAIT), "watcher's first full pass"
+    yield w
+    w.stop()
+
+
+def filled(pool: Pool, r: redis.Redis, tag: str, n: int = 10, low_water: int = 5) -> None:
+    """A tag as a refill leaves it: ``n`` IDs, its low-water mark and counters, written
+    in one MULTI (a watcher reading a tag half registered would rightly find it due)."""
+    k = pool.tag(tag)
+    pipe = r.pipeline(transaction=True)
+    pipe.rpush(k.ids, *range(1, n + 1))
+    pipe.hset(
+        k.state,
+        mapping={
+            "mode": "segment",
+            "created_ms": 0,
+            "low_water": low_water,
+            "target": n,
+            "pushed_total": n,
+            "reserve_due": 0,
+        },
+    )
+    pipe.sadd(pool.keys.tags, tag)
+    pipe.execute()
+
+
+def test_a_pop_below_low_water_queues_a_refill_with_no_sweep_running(
+    pool: Pool, r: redis.Redis, queued: Queued
+) -> None:
+    filled(pool, r, "order")
+    filled(pool, r, "idle")
+    w = DropWatcher(pool, queued, interval_s=0.005).start()
+    try:
+        assert w.ready.wait(WAIT)
+        assert queued.tags() == []  # both above low-water: nothing due
+        r.lpop("leafpool:{order}:ids", 5)  # 5 left: not below the mark (5)
+        r.lpop("leafpool:{order}:ids")  # 4 left: below it
+        services.wait_until(lambda: queued.tags() == ["order"], WAIT, "refill queued")
+        assert queued.due == [Due("order", "segment", False)]
+        assert r.exists("leafpool:{order}:queued")  # marked: queued once
+        state = r.hgetall("leafpool:{order}:state")
+        assert float(state[b"drop_rate"]) > 0  # the rate seen, for the refill's sizing
+        r.lpop("leafpool:{order}:ids")  # further pops: already queued, not again
+        r.lpop("leafpool:{idle}:ids")
+        r.delete("leafpool:{idle}:queued")
+        r.lpop("leafpool:{idle}:ids", 5)  # the second tag's drop is heard too
+        services.wait_until(lambda: "idle" in queued.tags(), WAIT, "second tag queued")
+        assert queued.tags() == ["order", "idle"]
+    finally:
+        w.stop()
+
+
+def test_a_new_tag_and_an_empty_hit_are_heard_at_once(
+    pool: Pool, r: redis.Redis, queued: Queued, watcher: DropWatcher
+) -> None:
+    pool.register("new", "segment", 0)  # never refilled: due
+    services.wait_until(lambda: queued.tags() == ["new"], WAIT, "new tag queued")
+    filled(pool, r, "full")
+    pool.want("full")  # a client found it empty (say, after a drain): forced refill
+    services.wait_until(lambda: "full" in queued.tags(), WAIT, "wanted tag queued")
+    assert queued.due[-1] == Due("full", "segment", True)
+
+
+def test_a_tag_being_refilled_is_queued_when_its_lock_is_released(
+    pool: Pool, r: redis.Redis, queued: Queued
+) -> None:
+    filled(pool, r, "busy")
+    r.set("leafpool:{busy}:lock", "token")
+    r.lpop("leafpool:{busy}:ids", 8)
+    w = DropWatcher(pool, queued, interval_s=0.005).start()
+    try:
+        assert w.ready.wait(WAIT)  # its full pass read the tag: low, but a refill runs
+        assert queued.tags() == []
+        r.delete("leafpool:{busy}:lock")  # the refill ended and the list is still low
+        services.wait_until(lambda: queued.tags() == ["busy"], WAIT, "queued after the lock")
+    finally:
+        w.stop()
+
+
+def test_after_a_redis_restart_the_watcher_reads_every_tag_again(
+    make_settings: Callable[..., Settings],
+) -> None:
+    server = services.redis_server()
+    try:
+        r = redis.Redis.from_url(server.extra["url"])
+        pool = Pool(r)
+        filled(pool, r, "order")
+        queued = Queued()
+        w = DropWatcher(pool, queued, interval_s=0.005).start()
+        try:
+            assert w.ready.wait(WAIT)
+            assert w.stats.full_passes == 1
+            server.kill()  # SIGKILL: the watcher's connections break, tracking is gone
+            services.wait_until(lambda: not w.ready.is_set(), WAIT, "watcher noticed")
+            # while Redis is down a pop could not happen; once it is back (the AOF
+            # restores the tag), the watcher reconnects and reads every tag again
+            server.start()
+            services.wait_until(w.ready.is_set, WAIT, "watcher reconnected")
+            assert w.stats.full_passes == 2 and w.stats.connects == 2
+            r.lpop("leafpool:{order}:ids", 6)  # tracked again: the drop is heard
+            services.wait_until(lambda: queued.tags() == ["order"], WAIT, "refill queued")
+        finally:
+            w.stop()
+            r.close()
+    finally:
+        server.stop()
+
+
+def test_a_flush_makes_the_watcher_read_every_tag_again(
+    pool: Pool, r: redis.Redis, watcher: DropWatcher
+) -> None:
+    r.flushall()  # Redis sends one invalidation naming no key: everything changed
+    services.wait_until(lambda: watcher.stats.full_passes >= 2, WAIT, "full pass")
+
+
+def test_the_watcher_queues_what_a_full_sweep_finds(
+    pool: Pool, r: redis.Redis, queued: Queued, watcher: DropWatcher
+) -> None:
+    """The incremental sweep (the tags touched since their last read) against the full
+    one: after pops, pushes, a short reserve and an empty hit on some of 40 tags, the
+    tags queued are exactly those a read of every tag finds due."""
+    for i in range(40):
+        filled(pool, r, f"t{i}", n=10, low_water=5)
+    # each new tag is read (and tracked) once the tag set's invalidation is heard
+    services.wait_until(lambda: watcher.stats.reads >= 40, WAIT, "new tags read")
+    for i in range(0, 40, 3):
+        r.lpop(f"leafpool:{{t{i}}}:ids", 6)  # below low-water
+    for i in range(1, 40, 7):
+        r.lpop(f"leafpool:{{t{i}}}:ids", 2)  # still above it
+    pool.record("t5", reserve_due=1)  # a refill left its reserve short
+    pool.want("t8")  # an empty hit
+    everything = pool.levels(pool.tags())
+    expected = {d.tag for d in due_tags(everything, {"t8"})}
+    assert len(expected) == 16
+    services.wait_until(lambda: set(queued.tags()) >= expected, WAIT, "all due tags queued")
+    assert sorted(queued.tags()) == sorted(expected)  # each once, nothing else
+
+
+def test_a_tag_at_the_floor_that_becomes_busy_is_refilled_before_it_runs_dry(
+    pool: Pool, r: redis.Redis, make_settings: Callable[..., Settings], sqlite_url: str
+) -> None:
+    """An idle tag holds the floor (200 IDs). Clients start taking from it: the pop that
+    takes it below low-water triggers its refill (no sweep, no client finding it empty),
+    and the refill sizes the pool by the consumption it measures."""
+    store = SegmentStore.from_url(sqlite_url)
+    store.init_schema()
+    store.add_tag("order", step=1000)
+    clock = FakeWallClock()
+    settings = make_settings(database_url=sqlite_url, pool_floor=200, pool_seconds=30)
+    refiller = SegmentRefiller(pool, store, settings, wall=clock)
+    refiller.refill("order")
+    assert r.llen("leafpool:{order}:ids") == 200
+    refilled = threading.Event()
+
+    def refill(due: Due) -> None:
+        r.delete(pool.tag(due.tag).queued)  # as the refill task does
+        refiller.refill(due.tag)
+        refilled.set()
+
+    w = DropWatcher(pool, Queued(refill), interval_s=0.005).start()
+    try:
+        assert w.ready.wait(WAIT)
+        clock.advance(1.0)  # the tag becomes busy: 101 IDs in the next second
+        r.lpop("leafpool:{order}:ids", 101)
+        assert refilled.wait(WAIT), "refill triggered by the drop"
+    finally:
+        w.stop()
+        store.engine.dispose()
+    state = r.hgetall("leafpool:{order}:state")
+    assert b"empty_hits" not in state  # no client found it empty
+    # 101 IDs/s for 30 pool seconds: the pool follows the rate, above the floor
+    assert int(state[b"target"]) == 3030
+    assert r.llen("leafpool:{order}:ids") == 3030
+
+
+def test_a_pool_too_small_for_the_rate_seen_gets_a_forced_refill_before_its_low_water(
+    pool: Pool, r: redis.Redis, queued: Queued
+) -> None:
+    """With an ``outgrown`` rule the watcher resizes a pool as soon as the rate it sees
+    asks for more than twice the pool's target, before the list reaches low-water."""
+    from leafpool.refill.sizing import outgrown
+
+    filled(pool, r, "order", n=10, low_water=5)
+    w = DropWatcher(
+        pool,
+        queued,
+        interval_s=0.005,
+        outgrown=lambda lv, rate: outgrown(rate, 1000, lv.target, 10**6),
+    ).start()
+    try:
+        assert w.ready.wait(WAIT)
+        r.lpop("leafpool:{order}:ids", 4)  # 6 left: above low-water, but 4 IDs within
+        # seconds at 1,000 pool seconds ask for far more than 10
+        services.wait_until(lambda: queued.tags() == ["order"], WAIT, "forced refill")
+        assert queued.due == [Due("order", "segment", True)]
+    finally:
+        w.stop()

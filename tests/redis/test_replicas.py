@@ -1,0 +1,240 @@
+"""Replica-acknowledged pops (LEAFPOOL_POP_REPLICAS) against a real master and replica on
+loopback: without them a failover hands an acknowledged ID out again (the hazard, through
+leafpool's own client); with them a pop the replica did not acknowledge is never handed
+out, and nothing is handed out twice. The promotion is done by hand (``REPLICAOF NO ONE``,
+what Sentinel sends), so which node is promoted and when is the test's choice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import pytest
+
+from leafpool.client import AsyncClient, Client
+from leafpool.core.config import Settings, load_settings
+from leafpool.core.errors import BackendUnavailable, ConfigurationError, ReplicasBehind
+from leafpool.redis.lock import RefillLock
+from leafpool.redis.pool import Pool, Range
+from leafpool.status import tag_status
+from tests.support import topologies as t
+from tests.support.processes import leafpool_env
+
+if TYPE_CHECKING:
+    from tests.support.topology_fixtures import Topologies
+
+pytest_plugins = ["tests.support.topology_fixtures"]
+pytestmark = pytest.mark.timeout(120)
+
+TAG = "order"
+N = 2000
+
+
+def _fill(top: t.Replicated) -> None:
+    """IDs 1..N in the pool the way a refiller puts them there, on every replica."""
+    with top.master.client() as r:
+        pool = Pool(r)
+        lock = RefillLock(r, pool.tag(TAG).lock, 10_000)
+        assert lock.acquire()
+        pool.register(TAG, "segment", 0)
+        pool.append_reserve(TAG, lock.token, Range(1, N + 1))
+        pool.push(TAG, lock.token, Range(1, N + 1), N, 0)
+        lock.release()
+    top.wait_synced()
+
+
+def _settings(node: t.Node, **overrides: object) -> Settings:
+    values: dict[str, object] = {"redis_url": node.url, "empty_wait_seconds": 0.5,
+                                 "pop_wait_ms": 200}
+    values.update(overrides)
+    return load_settings(**values)
+
+
+def _fail_over(top: t.Replicated, replica: t.Node) -> None:
+    top.master.kill()
+    replica.resume()
+    top.promote(replica)
+
+
+def test_without_acknowledgements_a_failover_hands_an_id_out_again(
+    topologies: Topologies,
+) -> None:
+    top = topologies.replicated(1)
+    _fill(top)
+    replica = top.replicas[0]
+    client = Client(settings=_settings(top.master))
+    top.stall(replica)
+    assert client.next_id(TAG) == 1  # acknowledged by the master alone
+    _fail_over(top, replica)
+    again = Client(settings=_settings(replica))
+    assert again.next_id(TAG) == 1, "the promoted replica hands the same ID out again"
+
+
+def test_acknowledged_pops_are_dropped_while_the_replica_lags_and_never_repeat(
+    topologies: Topologies,
+) -> None:
+    top = topologies.replicated(1)
+    _fill(top)
+    replica = top.replicas[0]
+    client = Client(settings=_settings(top.master, pop_replicas="1"))
+    handed_out = [*client.next_ids(TAG, 3), client.next_id(TAG)]
+    assert handed_out == [1, 2, 3, 4]
+    top.stall(replica)
+    with pytest.raises(ReplicasBehind, match="0 of 1 replicas acknowledged"):
+        client.next_id(TAG)  # retried until the empty-pool bound, each pop dropped
+    status = tag_status(client.pool.snapshot(TAG))
+    assert status.unacked_ids >= 1
+    _fail_over(top, replica)
+    after = Client(settings=_settings(replica)).next_ids(TAG, 10)
+    assert not set(after) & set(handed_out), "an acknowledged ID was handed out again"
+    assert after[0] == 5  # the dropped pops were never the promoted node's: they return
+
+
+def test_the_asyncio_client_drops_unacknowledged_pops_too(topologies: Topologies) -> None:
+    top = topologies.replicated(1)
+    _fill(top)
+    replica = top.replicas[0]
+
+    async def run() -> tuple[list[int], int]:
+        client = AsyncClient(settings=_settings(top.master, pop_replicas="all"))
+        await client.start()
+        first = await client.next_ids(TAG, 5)
+        top.stall(replica)
+        with pytest.raises(ReplicasBehind):
+            await client.next_id(TAG)
+        acks = client.pool.acks
+        await client.aclose()
+        return first, acks
+
+    handed_out, acks = asyncio.run(run())
+    assert handed_out == [1, 2, 3, 4, 5] and acks == 1
+    _fail_over(top, replica)
+    assert Client(settings=_settings(replica)).next_id(TAG) == 6
+
+
+def test_a_requirement_the_master_cannot_meet_is_refused_at_start(
+    topologies: Topologies,
+) -> None:
+    top = topologies.replicated(1)
+    with pytest.raises(ConfigurationError, match=r"LEAFPOOL_POP_REPLICAS=2 .*the 1 replica"):
+        Client(settings=_settings(top.master, pop_replicas="2"))
+    assert Client(settings=_settings(top.master, pop_replicas="all")).pool.acks == 1
+    cli = subprocess.run(
+        [sys.executable, "-m", "leafpool.cli", "pop", TAG],
+        env=leafpool_env(redis_url=top.master.url, pop_replicas="2"),
+        capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 2 and "LEAFPOOL_POP_REPLICAS" in cli.stderr
+
+
+def test_the_recipe_for_other_languages_with_redis_cli(topologies: Topologies) -> None:
+    """README: pop, then ``WAIT n ms`` on the same connection; use the IDs only when the
+    reply is at least n. redis-cli (not redis-py) sends both in one connection."""
+    if shutil.which("redis-cli") is None:
+        pytest.skip("redis-cli is not installed")
+    top = topologies.replicated(1)
+    _fill(top)
+
+    def pop_then_wait() -> list[str]:
+        done = subprocess.run(
+            ["redis-cli", "-p", str(top.master.port)], timeout=30, check=True,
+            input=f"LPOP leafpool:{{{TAG}}}:ids 2\nWAIT 1 200\n", capture_output=True,
+            text=True)
+        return done.stdout.split()
+
+    assert pop_then_wait() == ["1", "2", "1"]  # two IDs, one replica has them: use them
+    top.stall(top.replicas[0])
+    assert pop_then_wait() == ["3", "4", "0"]  # not acknowledged: never use 3 and 4
+
+
+def test_a_refill_notices_the_failover_and_goes_on_from_the_promoted_state(
+    topologies: Topologies, sqlite_url: str, make_settings: Callable[..., Settings],
+) -> None:
+    from leafpool.segment.refiller import SegmentRefiller
+    from leafpool.segment.store import SegmentStore
+
+    top = topologies.replicated(1)
+    store = SegmentStore.from_url(sqlite_url)
+    store.init_schema()
+    store.add_tag(TAG, step=1000)
+    settings = make_settings(redis_url=top.master.url, database_url=sqlite_url)
+    with top.master.client() as r:
+        SegmentRefiller(Pool(r), store, settings).refill(TAG)
+        handed_out = [int(x) for x in r.lpop(f"leafpool:{{{TAG}}}:ids", 10)]  # type: ignore[union-attr]
+    top.wait_synced()
+    replica = top.replicas[0]
+    _fail_over(top, replica)
+    with replica.client() as r:
+        pool = Pool(r)
+        SegmentRefiller(pool, store, settings).refill(TAG, force=True)
+        st = tag_status(pool.snapshot(TAG))
+        rest = [int(x) for x in r.lpop(f"leafpool:{{{TAG}}}:ids", 100_000) or []]
+    assert st.failovers == 1 and st.last_failover_ms is not None
+    assert st.redis_node.endswith(f":{replica.port}")
+    assert not set(rest) & set(handed_out) and rest == sorted(rest)
+
+
+def test_the_client_follows_a_sentinel_failover_with_acknowledged_pops(
+    topologies: Topologies,
+) -> None:
+    """LEAFPOOL_REDIS_SENTINELS: the client asks the sentinels for the master and asks
+    again after Sentinel promotes a replica; with two replicas, the promoted one still has
+    a replica to acknowledge pops."""
+    group = topologies.sentinel_group(2, 3)
+    _fill(group)
+    sentinels = ",".join(f"{h}:{p}" for h, p in group.sentinel_addrs)
+    settings = load_settings(redis_url="redis://unused:6379/0", redis_sentinels=sentinels,
+                             redis_master_name=group.master_name, pop_replicas="1",
+                             pop_wait_ms=300, empty_wait_seconds=1)
+    client = Client(settings=settings)
+    first = client.next_ids(TAG, 3)
+
+    async def async_pop() -> list[int]:  # the HTTP service's client, through the sentinels
+        deadline = time.monotonic() + 30
+        async_client = AsyncClient(settings=settings)
+        try:
+            while True:  # bounded: errors while the sentinels switch the master
+                assert time.monotonic() < deadline, "asyncio pops did not resume within 30 s"
+                with contextlib.suppress(BackendUnavailable):
+                    return await async_client.next_ids(TAG, 3)
+        finally:
+            await async_client.aclose()
+
+    assert asyncio.run(async_pop()) == [4, 5, 6]
+    old = group.master
+    old.kill()
+    group.wait_failover(old)
+    deadline = time.monotonic() + 30
+    later: list[int] = []
+    while not later:  # bounded: errors while the sentinels switch the master
+        assert time.monotonic() < deadline, "pops did not resume within 30 s"
+        with contextlib.suppress(BackendUnavailable):
+            later = client.next_ids(TAG, 3)
+    assert first == [1, 2, 3] and later[0] > 6
+    after = asyncio.run(async_pop())
+    assert after[0] > later[-1]
+
+
+def test_the_http_service_answers_only_acknowledged_ids(topologies: Topologies) -> None:
+    from starlette.testclient import TestClient
+
+    from leafpool.http import create_app
+
+    top = topologies.replicated(1)
+    _fill(top)
+    settings = _settings(top.master, pop_replicas="1")
+    with TestClient(create_app(settings)) as http:
+        ok = http.get(f"/api/segment/get/{TAG}")
+        assert (ok.status_code, ok.text.strip()) == (200, "1")
+        top.stall(top.replicas[0])
+        refused = http.get(f"/api/segment/get/{TAG}")
+        assert refused.status_code == 503, refused.text
+        assert "replicas acknowledged" in refused.text
+    with pytest.raises(ConfigurationError, match="LEAFPOOL_POP_REPLICAS"), \
+            TestClient(create_app(_settings(top.master, pop_replicas="3"))):
+        pass  # refused at start, not discovered request by request

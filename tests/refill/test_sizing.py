@@ -1,0 +1,76 @@
+"""The pool sizing rule (docs/design.md §3.2): rate to target, smoothing, bursts."""
+
+import pytest
+
+from leafpool.refill.sizing import pool_target, smooth_rate
+
+
+def test_pool_target_is_rate_times_seconds_within_bounds() -> None:
+    assert pool_target(0, 30, 2000, 100_000) == 2000
+    assert pool_target(1000, 30, 2000, 100_000) == 30_000
+    assert pool_target(10_000, 30, 2000, 100_000) == 100_000
+
+
+def test_rate_is_smoothed() -> None:
+    assert smooth_rate(0, 100, 1.0, 0.5) == 100
+    assert smooth_rate(100, 300, 1.0, 0.5) == 200
+    assert smooth_rate(100, 300, 0.0, 0.5) == 100
+
+
+# -- burst sizing (docs/design.md §3.2) ------------------------------------------------------
+
+
+def test_sizing_takes_the_largest_of_smoothed_instant_and_watched_rates() -> None:
+    from leafpool.refill.sizing import instant_rate, sizing_rate
+
+    assert sizing_rate(1000.0, 0.0) == 1000.0  # consumption stopped: the smoothed rate
+    assert sizing_rate(1000.0, 50_000.0) == 50_000.0  # a jump counts in full at once
+    assert sizing_rate(1000.0, 2000.0, 40_000.0) == 40_000.0  # the watcher saw more
+    assert instant_rate(50_000, 1.0) == 50_000.0
+    assert instant_rate(-5, 1.0) == 0.0 and instant_rate(10, 0.0) == 0.0
+
+
+def test_a_jump_to_50x_sizes_the_pool_for_the_new_rate_at_the_first_refill() -> None:
+    """1,000 IDs/s smoothed for long; then 50,000 IDs are taken in one second. The
+    smoothed rate alone (alpha 0.3) would size for 15,700 IDs/s; the instant rate for
+    50,000."""
+    from leafpool.refill.sizing import instant_rate, sizing_rate
+
+    smoothed = smooth_rate(1000.0, 50_000, 1.0, 0.3)
+    assert round(smoothed) == 15_700
+    rate = sizing_rate(smoothed, instant_rate(50_000, 1.0))
+    assert pool_target(rate, 30, 200, 10_000_000) == 1_500_000
+
+
+def test_recent_rate_over_a_window_with_a_fake_clock() -> None:
+    from leafpool.refill.sizing import RecentRate
+
+    clock = 100.0
+    recent = RecentRate()
+    assert recent.add(clock, 0) == 0.0  # one sample: no rate
+    clock += 0.01
+    # 100 IDs 10 ms after a read: counted over the minimum span (1 s), not as 10,000/s
+    assert recent.add(clock, 100) == 100.0
+    for _ in range(300):  # 50,000 IDs/s, read every 10 ms, for 3 s
+        clock += 0.01
+        consumed = 100 + round((clock - 100.01) * 50_000)
+        rate = recent.add(clock, consumed)
+    assert 49_000 < rate < 51_000  # the window forgot the quiet start
+    assert recent.add(clock + 0.01, 10) == 0.0  # counters went back: start again
+
+
+def test_an_idle_tag_read_long_ago_is_not_sized_as_a_flood() -> None:
+    from leafpool.refill.sizing import RecentRate
+
+    recent = RecentRate()
+    recent.add(0.0, 0)
+    assert recent.add(600.0, 200) == pytest.approx(200 / 600)
+
+
+def test_a_pool_is_outgrown_when_the_rate_asks_for_twice_its_size_below_the_ceiling() -> None:
+    from leafpool.refill.sizing import outgrown
+
+    assert outgrown(1000.0, 30, 200, 1_000_000)  # 30,000 wanted, 200 held
+    assert not outgrown(1000.0, 30, 20_000, 1_000_000)  # within 2x: the low-water mark
+    assert not outgrown(1e6, 30, 1_000_000, 1_000_000)  # at the ceiling already
+    assert not outgrown(1000.0, 30, 0, 1_000_000)  # never refilled: due anyway

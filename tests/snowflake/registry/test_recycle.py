@@ -1,0 +1,152 @@
+"""Mode zk_recycle against a real ZooKeeper, what only it does: leases of 0..1023 as
+ephemeral nodes, a restart preferring its previous worker ID, leases per worker ID (not
+per identity), reclaim after the holder's session expires (its high-water carried to the
+next holder), a lost lease node, self-fencing on SUSPENDED, all 1024 taken. What every
+mode does is in tests/snowflake/registry/test_contract.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from leafpool.core.errors import ClockMovedBackwards, WorkerIdUnavailable
+from leafpool.core.snowflake_layout import decode, wall_clock_ms
+from leafpool.snowflake.registry import LeasedGenerator
+from tests.support import registries, services
+from tests.support.clocks import FakeMsClock
+from tests.support.registries import RecycleBackend
+from tests.support.zk_helpers import StateLog, expire_session, own_zk_fixture, restart
+
+zkr = registries.fixture("zk_recycle")
+
+
+own_zk = own_zk_fixture()
+
+
+def test_leases_are_ephemeral_nodes_and_the_mark_persists(zkr: RecycleBackend) -> None:
+    a, b = zkr.open("host-a:w:0"), zkr.open("host-b:w:0")
+    assert a.claim().worker_id == 0
+    assert b.claim().worker_id == 1
+    assert a.client is not None and a.session is not None
+    stat = zkr.zk.exists(a.lease_path(0))
+    assert stat is not None and stat.ephemeralOwner == a.client.client_id[0]
+    assert zkr.data(a.lease_path(0))["identity"] == "host-a:w:0"
+    assert a.deadline.lease_s == a.session.timeout_s  # the lease is the granted session
+    target = wall_clock_ms() + 2_000
+    a.record_high_water(target)
+    assert zkr.data(a.hw_path(0))["token"] == a.token
+    a.release(last_emitted_ms=target - 2_000)
+    assert zkr.zk.exists(a.lease_path(0)) is None  # the lease is free again
+    assert zkr.mark(a, 0) >= target - 2_000  # the mark outlives it
+
+
+def test_restart_prefers_the_previous_worker_id(zkr: RecycleBackend) -> None:
+    a, b = zkr.open("host-a:w:0"), zkr.open("host-b:w:0")
+    assert (a.claim().worker_id, b.claim().worker_id) == (0, 1)
+    b.release(last_emitted_ms=wall_clock_ms())
+    a.release(last_emitted_ms=wall_clock_ms())
+    assert zkr.open("host-b:w:0").claim().worker_id == 1  # 0 is free too: its cache file
+
+
+def test_a_second_process_of_one_identity_gets_another_worker_id(zkr: RecycleBackend) -> None:
+    """Leases are per worker ID: two live processes never share one, whatever their
+    identities (the modes that hold an ID per identity refuse the second one)."""
+    first = zkr.open("host-a:w:0").claim()
+    second = zkr.open("host-a:w:0", cache="other-cache").claim()
+    assert (first.worker_id, second.worker_id) == (0, 1)
+
+
+def test_reclaim_after_session_expiry_starts_above_the_former_holder(zkr: RecycleBackend) -> None:
+    t = wall_clock_ms()
+    a = zkr.open("host-a:w:0", FakeMsClock(t))
+    gen_a = LeasedGenerator(a, a.settings, clock=a.clock, sleep=a.sleep, window_ms=5_000)
+    assert gen_a.start().worker_id == 0
+    ids_a = gen_a.next_batch(3_000)
+    assert a.high_water_ms == t + 5_000
+    assert a.client is not None
+    states = StateLog(a.client)
+    expire_session(a.client, zkr.hosts)  # the holder went silent: its lease expires
+    states.wait_for("LOST")
+    with pytest.raises(WorkerIdUnavailable) as err:  # fenced before anyone reclaims
+        a.check()
+    assert "session" in str(err.value)
+    with pytest.raises(WorkerIdUnavailable):
+        gen_a.next_batch(10)
+    with pytest.raises(WorkerIdUnavailable):
+        a.record_high_water(t + 10_000)
+
+    early = zkr.open("host-b:w:0", FakeMsClock(t + 1_000))
+    with pytest.raises(ClockMovedBackwards) as err2:  # behind the former holder's mark
+        early.claim()
+    assert err2.value.offset_ms == 4_000 and "recycle/hw/0000" in str(err2.value)
+    assert zkr.zk.exists(early.lease_path(0)) is None  # the refused claim let go
+
+    clock_b = FakeMsClock(t + 6_000)
+    b = zkr.open("host-b:w:0", clock_b)
+    gen_b = LeasedGenerator(b, b.settings, clock=clock_b, sleep=clock_b.sleep)
+    lease = gen_b.start()
+    assert (lease.worker_id, lease.last_timestamp_ms) == (0, t + 5_000)
+    ids_b = gen_b.next_batch(3_000)
+    assert decode(ids_b[0]).timestamp_ms > t + 5_000
+    assert not set(ids_a) & set(ids_b)
+    assert zkr.data(b.hw_path(0))["identity"] == "host-b:w:0"
+
+
+def test_a_lost_lease_node_fences(zkr: RecycleBackend) -> None:
+    a = zkr.open("host-a:w:0")
+    a.claim()
+    zkr.zk.delete(a.lease_path(0))
+    with pytest.raises(WorkerIdUnavailable) as err:
+        a.record_high_water(wall_clock_ms() + 1_000)
+    assert "lease node" in str(err.value)
+    assert a.fenced is not None
+
+
+def test_suspended_connection_self_fences_at_once(
+    own_zk: services.Server, zkr: RecycleBackend
+) -> None:
+    reg = zkr.open(
+        "host-a:w:0",
+        wall_clock_ms,
+        zk_hosts=own_zk.extra["hosts"],
+        snowflake_lease_seconds=10,
+        snowflake_renew_seconds=0.5,
+    )
+    lease = reg.claim()
+    assert reg.client is not None
+    states = StateLog(reg.client)
+    try:
+        own_zk.kill()
+        states.wait_for("SUSPENDED", timeout=5)
+        with pytest.raises(WorkerIdUnavailable) as err:
+            reg.check()
+        assert "SUSPENDED" in str(err.value)
+    finally:
+        restart(own_zk)
+    # the same session comes back (before its timeout): still fenced until a renew
+    states.wait_for("SUSPENDED", "CONNECTED", timeout=15)
+    assert reg.fenced is None
+    with pytest.raises(WorkerIdUnavailable) as err2:
+        reg.check()
+    assert "suspended" in str(err2.value)
+    reg.tick()
+    reg.check()
+    reg.record_high_water(wall_clock_ms() + 1_000)
+    assert lease.worker_id == 0
+
+
+def test_all_1024_worker_ids_taken(zkr: RecycleBackend) -> None:
+    probe = zkr.open("probe:w:0")
+    zkr.zk.ensure_path(probe.lease_dir)
+    for start in range(0, 1024, 256):
+        tx = zkr.zk.transaction()
+        for wid in range(start, start + 256):
+            tx.create(probe.lease_path(wid), b"{}", ephemeral=True)
+        assert all(isinstance(r, str) for r in tx.commit())
+    with pytest.raises(WorkerIdUnavailable) as err:
+        probe.claim()
+    assert "all 1024 worker IDs are leased" in str(err.value)
+    zkr.zk.delete(probe.lease_path(517))
+    assert probe.claim().worker_id == 517
+    assert json.loads(probe.cache.path.read_text())["worker_id"] == 517
