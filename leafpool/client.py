@@ -20,15 +20,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
-import redis
-import redis.asyncio as aioredis
-
 from leafpool.core.config import Settings, get_settings
 from leafpool.core.errors import InvalidArgument, PoolEmpty, ReplicasBehind, UnknownTag
 from leafpool.core.tags import validate_tag
 from leafpool.redis import scripts
 from leafpool.redis.coalesce import IN_FLIGHT, Coalescer
-from leafpool.redis.connect import connect, connect_async
+from leafpool.redis.connect import AsyncRedisClient, RedisClient, connect, connect_async
 from leafpool.redis.pool import Pool
 from leafpool.redis.pool_async import AsyncPool
 
@@ -87,7 +84,7 @@ class Client(_Base):
 
     def __init__(
         self,
-        redis_client: redis.Redis | None = None,
+        redis_client: RedisClient | None = None,
         *,
         settings: Settings | None = None,
         policy: str | None = None,
@@ -191,7 +188,7 @@ class AsyncClient(_Base):
 
     def __init__(
         self,
-        redis_client: aioredis.Redis | None = None,
+        redis_client: AsyncRedisClient | None = None,
         *,
         settings: Settings | None = None,
         policy: str | None = None,

@@ -8,10 +8,8 @@ import os
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-import redis
-
 from leafpool.core.config import Settings, get_settings
-from leafpool.redis.connect import connect
+from leafpool.redis.connect import RedisClient, connect
 from leafpool.redis.pool import Pool
 
 if TYPE_CHECKING:
@@ -30,7 +28,7 @@ class Runtime:
         self._snowflake: SnowflakeRefiller | None = None
 
     @cached_property
-    def redis(self) -> redis.Redis:
+    def redis(self) -> RedisClient:
         return connect(self.settings)
 
     @cached_property

@@ -1,5 +1,7 @@
-"""Fixtures: real redis-server, MariaDB and ZooKeeper on loopback (see tests/support/services.py),
-one of each per test session; every test gets clean data in them."""
+"""Fixtures: real redis-server, MariaDB and ZooKeeper on loopback (see
+tests/support/services.py), one of each per test session; every test gets clean data in
+them. Every test also checks that each Redis command leafpool's code sent during it came
+from the Redis layer (tests/support/redis_layer.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,20 @@ import redis
 from leafpool.core.config import Settings, load_settings
 from leafpool.redis.pool import Pool
 from leafpool.segment.store import SegmentStore
-from tests.support import services
+from tests.support import redis_layer, services
 
 _db_counter = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _redis_commands_from_the_redis_layer() -> Iterator[None]:
+    """Fails the test during which leafpool's code outside ``leafpool/redis/`` sent a
+    Redis command (docs/design.md §0)."""
+    recorder = redis_layer.install()
+    recorder.take()
+    yield
+    outside = recorder.take()
+    assert not outside, f"Redis commands sent from outside leafpool/redis/: {outside[:5]}"
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,12 @@ plus the operator's pages. One concern per module:
 Every Redis command goes through :class:`~leafpool.redis.pool_async.AsyncPool` (the asyncio
 client's) or the runtime's :class:`~leafpool.redis.pool.Pool` (the metrics); every SQL
 statement through :class:`~leafpool.segment.store.SegmentStore`.
+
+Owns: the HTTP surface (a room of the surfaces, beside the modules at leafpool's top).
+
+May import: :mod:`leafpool.core`, :mod:`leafpool.redis`, :mod:`leafpool.segment`, the
+surfaces :mod:`leafpool.client`, :mod:`leafpool.runtime`, :mod:`leafpool.status` and
+:mod:`leafpool.metrics`.
 """
 
 from leafpool.http.app import app_from_env, create_app, serve

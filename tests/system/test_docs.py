@@ -49,3 +49,22 @@ def test_the_shipped_redis_config_is_the_shipped_one() -> None:
     """Test servers run copies of it: a CONFIG REWRITE must never land in the repository."""
     conf = (Path(__file__).resolve().parents[2] / "ops" / "redis" / "redis.conf").read_text()
     assert "CONFIG REWRITE" not in conf and "\nport " not in conf and "replicaof" not in conf
+
+
+def test_every_path_the_docs_name_exists() -> None:
+    """A file or folder of the repository named in the README or docs/design.md (in
+    backticks, ``leafpool/...``, ``tests/...``, ``ops/...``, ``workers/...``) is there:
+    a move that leaves the docs behind fails here."""
+    root = Path(__file__).resolve().parents[2]
+    text = README + (root / "docs" / "design.md").read_text()
+    named = set(re.findall(r"`((?:leafpool|tests|ops|workers|bench)/[^`\s]*)`", text))
+    missing = []
+    for name in sorted(named):
+        path = name.split(" ")[0].rstrip("/")
+        if "*" in path or "<" in path:
+            matches = list(root.glob(re.sub(r"<[^>]+>", "*", path)))
+            if not matches:
+                missing.append(name)
+        elif not (root / path).exists():
+            missing.append(name)
+    assert len(named) > 20 and missing == []
