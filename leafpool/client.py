@@ -254,7 +254,8 @@ class AsyncClient(_Base):
         """Let :meth:`next_id_coalesced` share one ``LPOP tag n`` among up to
         ``max_batch`` concurrent callers of one tag, ``in_flight`` such pops of a tag at
         a time."""
-        self._coalescer = Coalescer(self.pool.pop_many, max_batch, in_flight)
+        self._coalescer = Coalescer(self.pool.pop_many, max_batch, in_flight,
+                                    count_gap=self.pool.count_gap)
 
     async def next_id_coalesced(self, tag: str) -> int:
         """:meth:`next_id`, its pop shared with the concurrent callers of ``tag``: the ID

@@ -43,6 +43,10 @@ class TagStatus:
     failovers: int = 0
     last_failover_ms: int | None = None
     unacked_ids: int = 0
+    # IDs popped and never handed out (docs/design.md §7.2), and the pops among them whose
+    # reply was lost (each counted with the IDs it asked for)
+    gaps: int = 0
+    lost_replies: int = 0
     # snowflake tags
     worker_ids: list[str] = field(default_factory=list)
     lease_state: str = ""
@@ -113,6 +117,8 @@ def tag_status(snap: Snapshot) -> TagStatus:
         failovers=_int(state, "failovers"),
         last_failover_ms=_opt_int(state, "last_failover_ms"),
         unacked_ids=_int(state, "unacked_ids"),
+        gaps=_int(state, "gaps"),
+        lost_replies=_int(state, "lost_replies"),
         worker_ids=[w for w in get("worker_ids", "").split(",") if w],
         lease_state=get("lease_state", ""),
         backwards_events=_int(state, "backwards_events"),
@@ -141,6 +147,7 @@ STATUS_COLUMNS = (
     "refilled",
     "result",
     "empty",
+    "gaps",
     "last error",
 )
 #: up to this many tags ``leafpool status`` draws a rich table; beyond, plain aligned
@@ -162,6 +169,7 @@ def status_row(r: TagStatus) -> list[str]:
         fmt_ago(r.last_refill_ms),
         r.last_refill_result,
         str(r.empty_hits),
+        str(r.gaps),
         f"{r.last_error} ({fmt_ago(r.last_error_ms)})" if r.last_error else "",
     ]
 

@@ -79,6 +79,13 @@ class BackendUnavailable(LeafpoolError):
     """Redis, the database or ZooKeeper did not answer."""
 
 
+class ReplyLost(BackendUnavailable):
+    """A command reached Redis and its reply did not come back (the connection was reset
+    or timed out, or the request was cancelled while it waited): Redis may have run it.
+    leafpool never repeats such a command when a repeat could take other IDs (a pop);
+    the IDs it may have taken are a gap, counted in the tag's ``gaps``."""
+
+
 class SegmentExhausted(LeafpoolError):
     """Advancing max_id by the step would pass 2**63 - 1."""
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from leafpool.core.errors import LeafpoolError
+from leafpool.http.disconnect import client_gone
 from leafpool.http.errors import HttpError
 from leafpool.http.service import MODES
 
@@ -72,6 +73,9 @@ class FastIds:
             response = endpoints.error_response(exc, as_json=False)
             await response(scope, receive, send)
             endpoints.observe(mode, False, response.status_code, started)
+            return
+        if client_gone(receive):  # the ID would be lost in a send the server drops
+            endpoints.gone(tag, 1, mode, False, started)
             return
         body = str(value).encode()
         await send(

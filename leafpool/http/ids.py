@@ -24,11 +24,15 @@ from starlette.routing import Route
 
 from leafpool.core.errors import InvalidArgument, LeafpoolError, UnknownTag
 from leafpool.core.tags import validate_tag
+from leafpool.http.disconnect import client_gone
 from leafpool.http.errors import NO_STORE, HttpError, http_error, json_error, text_error
 from leafpool.http.service import MODES, Service
 
 MODE_CACHE_SECONDS = 5.0  # a tag's mode is read from Redis at most this often
 _COUNT_RE = re.compile(r"[0-9]{1,9}")
+#: the status a request whose client left after its pop is counted with (nginx's "client
+#: closed request"); nothing is sent
+CLIENT_GONE = 499
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -111,6 +115,12 @@ class IdEndpoints:
         err = http_error(exc, self.svc.retry_after)
         return json_error(err) if as_json else text_error(err)
 
+    def gone(self, tag: str, ids: int, mode: str, as_json: bool, started: float) -> None:
+        """The client left after its pop: its IDs are a gap, counted (and the request
+        counted with status 499, nginx's "client closed request")."""
+        self.svc.pool.count_gap(tag, ids)
+        self.observe(mode, as_json, CLIENT_GONE, started)
+
     def observe(self, mode: str, as_json: bool, status: int, started: float) -> None:
         """Count the request and its latency (the metrics' children, looked up once)."""
         endpoint = f"/api/{mode}/{'ids' if as_json else 'get'}"
@@ -149,6 +159,9 @@ class IdEndpoints:
             ids = await self.take(tag, mode, count or 1)
         except (HttpError, LeafpoolError) as exc:
             return self.error_response(exc, as_json)
+        if client_gone(request.receive):
+            self.svc.pool.count_gap(tag, len(ids))
+            return Response(status_code=CLIENT_GONE)  # never sent: the server drops it
         if as_json:
             return JSONResponse({"tag": tag, "mode": mode, "ids": [str(i) for i in ids]},
                                 headers=NO_STORE)

@@ -141,6 +141,7 @@ TAIL = (
            lambda st: f"{when(st.last_refill_ms)}<br>{meta(esc(st.last_refill_result))}"),
     Column("last error", "err", _last_error),
     Column("empty hits", "empty-hits", lambda st: fmt_int(st.empty_hits)),
+    Column("gaps", "gaps", lambda st: fmt_int(st.gaps)),
 )
 
 

@@ -13,8 +13,10 @@ now and handed to a take that arrives later would break that order.
 A take gets ``None`` when its pop came up short (the pool ran dry): its caller then
 follows the empty-pool policy as an uncoalesced pop would. An error of a pop is raised
 in every take of its batch. A take cancelled before its pop is issued takes no ID; one
-cancelled while its pop is in flight leaves its ID unused (a gap), never given to
-another take.
+cancelled while its pop is in flight leaves its ID unused (a gap, counted through
+``count_gap``: exactly the IDs popped for cancelled takes), never given to another take.
+A take that pops for itself and is cancelled once its pop was sent counts the ID its pop
+may have taken (the pool's rule for a lost reply, :mod:`leafpool.redis.pops`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from leafpool.core.errors import InvalidArgument
 
 IN_FLIGHT = 4  # pops of one tag under way at once, by default
 PopMany = Callable[[str, int], Awaitable[list[int]]]
+CountGap = Callable[[str, int], object]
 
 
 class _TagQueue:
@@ -45,11 +48,13 @@ class Coalescer:
     flight and none is queued pops at once, so a lightly loaded service waits for no
     one), each for at most ``max_batch`` takes."""
 
-    def __init__(self, pop_many: PopMany, max_batch: int, in_flight: int = IN_FLIGHT) -> None:
+    def __init__(self, pop_many: PopMany, max_batch: int, in_flight: int = IN_FLIGHT,
+                 count_gap: CountGap | None = None) -> None:
         for name, value in (("max_batch", max_batch), ("in_flight", in_flight)):
             if value < 1:
                 raise InvalidArgument(name, value, "an integer >= 1")
         self._pop_many = pop_many
+        self._count_gap = count_gap
         self.max_batch = max_batch
         self.in_flight = in_flight
         self._tags: dict[str, _TagQueue] = {}
@@ -109,9 +114,14 @@ class Coalescer:
                     for waiter in batch:
                         waiter.cancel()
                     raise
+                unused = 0
                 for i, waiter in enumerate(batch):
-                    if not waiter.done():  # else cancelled meanwhile: its ID is a gap
+                    if not waiter.done():
                         waiter.set_result(got[i] if i < len(got) else None)
+                    elif i < len(got):  # cancelled meanwhile: its ID is a gap
+                        unused += 1
+                if unused and self._count_gap is not None:
+                    self._count_gap(tag, unused)
         finally:
             q.in_flight -= 1
             if q.in_flight == 0:  # waiters left only when the driver was cancelled

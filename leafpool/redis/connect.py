@@ -31,6 +31,7 @@ from redis.connection import parse_url
 from redis.sentinel import Sentinel
 
 from leafpool.core.errors import BackendUnavailable
+from leafpool.redis import retries
 
 if TYPE_CHECKING:
     from leafpool.core.config import Settings
@@ -60,30 +61,34 @@ def _url_auth(url: str) -> dict[str, Any]:
 @dataclass(frozen=True)
 class _Flavour:
     """redis-py's classes of one flavour (blocking or asyncio): one node, a Cluster and a
-    Sentinel group."""
+    Sentinel group, and the retry policy of their connections (:data:`retries.ONCE`:
+    redis-py repeats nothing; :mod:`leafpool.redis.retries` decides per command)."""
 
     node: Any
     cluster: Any
     sentinel: Any
+    once: Any
 
 
-_BLOCKING = _Flavour(redis.Redis, RedisCluster, Sentinel)
-_ASYNCIO = _Flavour(aioredis.Redis, AsyncRedisCluster, AsyncSentinel)
+_BLOCKING = _Flavour(redis.Redis, RedisCluster, Sentinel, retries.ONCE)
+_ASYNCIO = _Flavour(aioredis.Redis, AsyncRedisCluster, AsyncSentinel, retries.ONCE_ASYNC)
 
 
 def _open(flavour: _Flavour, settings: Settings | str, timeout: float) -> Any:
+    options = {**_options(timeout), "retry": flavour.once}
     if isinstance(settings, str):
-        return flavour.node.from_url(settings, **_options(timeout))
+        return flavour.node.from_url(settings, **options)
     topology = settings.redis_topology
     if topology == "cluster":
         return flavour.cluster.from_url(
-            settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
+            settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout,
+            retry=flavour.once)
     if topology == "sentinel":
         sentinel = flavour.sentinel(list(settings.sentinels),
-                                    sentinel_kwargs=_options(timeout), **_options(timeout))
+                                    sentinel_kwargs=_options(timeout), **options)
         return sentinel.master_for(settings.redis_master_name,
-                                   **_url_auth(settings.redis_url), **_options(timeout))
-    return flavour.node.from_url(settings.redis_url, **_options(timeout))
+                                   **_url_auth(settings.redis_url), **options)
+    return flavour.node.from_url(settings.redis_url, **options)
 
 
 def connect(settings: Settings | str, *, timeout: float = 5.0) -> RedisClient:

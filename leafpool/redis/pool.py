@@ -6,7 +6,6 @@ This module owns no policy: how much to push and when is the refillers' (:mod:`l
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -14,36 +13,37 @@ from typing import Any
 
 import redis
 
-from leafpool.core.errors import BackendUnavailable, ReplicasBehind, StaleWrite
+from leafpool.core.errors import StaleWrite
 from leafpool.core.keys import Keys
 from leafpool.redis import replicas, scripts
-from leafpool.redis.connect import redis_errors, wrap
+from leafpool.redis.connect import redis_errors
 from leafpool.redis.lock import BeatLock, RefillLock
 from leafpool.redis.pool_common import SNAPSHOT_REPLIES as SNAPSHOT_REPLIES
 from leafpool.redis.pool_common import Level as Level
 from leafpool.redis.pool_common import Range as Range
 from leafpool.redis.pool_common import Snapshot as Snapshot
 from leafpool.redis.pool_common import (
-    ids_from,
     queue_snapshot,
-    queue_want,
     register_scripts,
     snapshot_from,
-    take_result,
     text,
 )
 from leafpool.redis.pool_many import TAGS_PER_PIPELINE as TAGS_PER_PIPELINE
 from leafpool.redis.pool_many import ManyTags
 from leafpool.redis.pool_many import pack as pack
+from leafpool.redis.pops import Pops
+from leafpool.redis.retries import safely
 
 log = logging.getLogger(__name__)
 
-class Pool(ManyTags):
-    """Redis operations on the pools under one key prefix (the reads and writes of many
-    tags at once are :class:`~leafpool.redis.pool_many.ManyTags`'s)."""
+class Pool(Pops, ManyTags):
+    """Redis operations on the pools under one key prefix (the client's pops are
+    :class:`~leafpool.redis.pops.Pops`'s, the reads and writes of many tags at once
+    :class:`~leafpool.redis.pool_many.ManyTags`'s).
 
-    acks = 0  # replicas that must acknowledge a pop (LEAFPOOL_POP_REPLICAS; 0: none)
-    ack_wait_ms = 100
+    Every command is either repeated after a lost reply or never, by the rule of
+    :mod:`leafpool.redis.retries`: reads and idempotent or fenced writes go through
+    :func:`~leafpool.redis.retries.safely`; pops and counters are sent once."""
 
     def __init__(self, client: redis.Redis, prefix: str = "leafpool") -> None:
         self.redis = client
@@ -70,68 +70,31 @@ class Pool(ManyTags):
 
     def lengths(self, tags: Sequence[str]) -> list[int]:
         """``LLEN`` of each tag's ready list, in one round trip."""
-        with redis_errors("lengths"):
-            pipe = self.redis.pipeline(transaction=False)
-            for tag in tags:
-                pipe.llen(self.tag(tag).ids)
-            return [int(n) for n in pipe.execute()]
-
-    # -- the client's commands (the public LPOP, and waiting for a refill) ----------------
-
-    def pop(self, tag: str) -> int | None:
-        """``LPOP`` one ID (None when the list is empty): the hot path."""
-        if self.acks:
-            got = self.pop_many(tag, 1)
-            return got[0] if got else None
-        key = self._ids_keys.get(tag) or self._ids_key(tag)
-        try:
-            raw = self.redis.lpop(key)
-        except redis.RedisError as exc:
-            raise wrap(exc, f"{tag}: LPOP") from exc
-        return None if raw is None else int(raw)  # type: ignore[arg-type]
-
-    def pop_many(self, tag: str, count: int) -> list[int]:
-        """``LPOP key count``: up to ``count`` IDs, in order."""
-        key = self._ids_keys.get(tag) or self._ids_key(tag)
-        if self.acks:
-            raw, acked = self._then_wait(tag, key, lambda pipe: pipe.lpop(key, count))
-            return self._acknowledged(tag, ids_from(raw), acked)
-        try:
-            raw = self.redis.lpop(key, count)
-        except redis.RedisError as exc:
-            raise wrap(exc, f"{tag}: LPOP") from exc
-        return ids_from(raw)  # type: ignore[arg-type]
-
-    def wait_pop(self, tag: str, timeout: float) -> int | None:
-        """``BLPOP`` one ID, waiting up to ``timeout`` seconds for a refill."""
-        key = self._ids_key(tag)
-        if self.acks:
-            popped, acked = self._then_wait(tag, key,
-                                            lambda pipe: pipe.blpop([key], timeout=timeout))
-            got = self._acknowledged(tag, [] if popped is None else [int(popped[1])], acked)
-            return got[0] if got else None
-        with redis_errors(f"{tag}: BLPOP"):
-            popped = self.redis.blpop([key], timeout=timeout)
-        return None if popped is None else int(popped[1])  # type: ignore[index]
-
-    def _ids_key(self, tag: str) -> str:
-        key = self._ids_keys[tag] = self.keys.tag(tag).ids
-        return key
+        raw = self._pipelined("lengths", tags, lambda tag: [("LLEN", self.tag(tag).ids)])
+        return [int(n) for n in raw]
 
     # -- registration -------------------------------------------------------------------
 
     def register(self, tag: str, mode: str, now_ms: int, **fields: object) -> bool:
         """Make ``tag`` known; True when it was new. Existing state is kept."""
         k = self.tag(tag)
-        with redis_errors(f"{tag}: register"):
+
+        def send() -> Any:
+            # the state first, the tag set last: a drop repeated after a lost reply that
+            # finds no state takes the tag out of the set (drop.lua), so a tag must not
+            # be in the set before its state exists
             pipe = self.redis.pipeline(transaction=False)
-            pipe.sadd(self.keys.tags, tag)
             pipe.hsetnx(k.state, "mode", mode)
             pipe.hsetnx(k.state, "created_ms", now_ms)
             for name, value in fields.items():
                 pipe.hset(k.state, name, str(value))
-            added = pipe.execute()[0]
-        return bool(added)
+            pipe.sadd(self.keys.tags, tag)
+            return pipe.execute()[-1]
+
+        # the same values written again: repeated after a lost reply (and then "new"
+        # may read False; the tag sync decides what is new from its own reads)
+        with redis_errors(f"{tag}: register"):
+            return bool(safely(send))
 
     def drop(self, tag: str, if_created_ms: str | None = None) -> bool:
         """Forget ``tag``: its keys go away (the ready IDs in it are a gap, never reused:
@@ -141,36 +104,44 @@ class Pool(ManyTags):
         (a tag dropped and registered again meanwhile is kept). True when dropped."""
         k = self.tag(tag)
         keys = [k.state, *(key for key in k.all() if key != k.state)]
-        with redis_errors(f"{tag}: drop"):
-            if not self._drop(keys=keys, args=["*" if if_created_ms is None else if_created_ms]):
-                return False
-            # the global sets live in other slots of a Redis Cluster: a second round trip
+        created = "*" if if_created_ms is None else if_created_ms
+
+        def forget() -> None:
             pipe = self.redis.pipeline(transaction=False)
             pipe.srem(self.keys.tags, tag)
             pipe.srem(self.keys.wanted, tag)
             pipe.execute()
+
+        with redis_errors(f"{tag}: drop"):  # drop.lua finds a repeated drop done
+            if not safely(lambda: self._drop(keys=keys, args=[created])):
+                return False
+            # the global sets live in other slots of a Redis Cluster: a second round trip
+            safely(forget)
         return True
 
     def tags(self) -> list[str]:
         with redis_errors("list tags"):
-            return sorted(text(t) for t in self.redis.smembers(self.keys.tags))
+            return sorted(text(t) for t in safely(lambda: self.redis.smembers(self.keys.tags)))
 
     def is_known(self, tag: str) -> bool:
         with redis_errors(f"{tag}: membership"):
-            return bool(self.redis.sismember(self.keys.tags, tag))
+            return bool(safely(lambda: self.redis.sismember(self.keys.tags, tag)))
 
     def mode(self, tag: str) -> str | None:
         with redis_errors(f"{tag}: mode"):
-            raw = self.redis.hget(self.tag(tag).state, "mode")
+            raw = safely(lambda: self.redis.hget(self.tag(tag).state, "mode"))
         return text(raw) if raw else None
 
     # -- reads --------------------------------------------------------------------------
 
     def snapshot(self, tag: str) -> Snapshot:
-        with redis_errors(f"{tag}: snapshot"):
+        def read() -> Any:
             pipe = self.redis.pipeline(transaction=True)
             queue_snapshot(pipe, self.tag(tag))
-            return snapshot_from(tag, pipe.execute())
+            return pipe.execute()
+
+        with redis_errors(f"{tag}: snapshot"):
+            return snapshot_from(tag, safely(read))
 
     # -- state --------------------------------------------------------------------------
 
@@ -185,8 +156,14 @@ class Pool(ManyTags):
             args += [name, str(value)]
         for name, by in (counts or {}).items():
             args += [name, by]
-        with redis_errors(f"{tag}: record"):
-            return bool(self._record(keys=[self.tag(tag).state], args=args))
+        if counts:  # HINCRBY: never repeated (a repeat counts twice)
+            state = self.tag(tag).state
+            reply = self._once(tag, state, [("EVALSHA", self._record.sha, 1, state, *args)],
+                               "record", 0, self._record)[0]
+        else:  # HSET alone: the same values again
+            with redis_errors(f"{tag}: record"):
+                reply = safely(lambda: self._record(keys=[self.tag(tag).state], args=args))
+        return _recorded(tag, int(reply))
 
     def count(self, tag: str, name: str, by: int = 1) -> bool:
         return self.record(tag, counts={name: by})
@@ -194,23 +171,27 @@ class Pool(ManyTags):
     def want(self, tag: str) -> None:
         """Record an empty-pool hit and ask the sweep for a refill of ``tag``."""
         with redis_errors(f"{tag}: want"):
-            pipe = self.redis.pipeline(transaction=False)
-            queue_want(pipe, self.keys, tag)
-            pipe.execute()
+            safely(lambda: self.redis.sadd(self.keys.wanted, tag))
+        state = self.tag(tag).state  # a counter: never repeated
+        self._once(tag, state, [("HINCRBY", state, "empty_hits", 1)], "empty hit", 0)
 
     def take_wanted(self) -> list[str]:
+        """The tags clients found empty, taken from the set: read, then removed (both
+        repeatable; ``SPOP`` was not: a lost reply lost the tags it took)."""
         with redis_errors("wanted"):
-            raw = self.redis.spop(self.keys.wanted, 10_000)
+            raw = safely(lambda: self.redis.srandmember(self.keys.wanted, 10_000))
+            if raw:
+                safely(lambda: self.redis.srem(self.keys.wanted, *raw))
         return sorted(text(t) for t in raw or [])
 
     def mark_queued(self, tag: str, seconds: int) -> bool:
-        """True when no refill of ``tag`` was marked queued in the last ``seconds``."""
-        with redis_errors(f"{tag}: mark queued"):
-            return bool(self.redis.set(self.tag(tag).queued, 1, nx=True, ex=seconds))
+        """True when no refill of ``tag`` was marked queued in the last ``seconds`` (this
+        call marked it; see :meth:`mark_queued_many`)."""
+        return self.mark_queued_many([tag], seconds)[0]
 
     def clear_queued(self, tag: str) -> None:
         with redis_errors(f"{tag}: clear queued"):
-            self.redis.delete(self.tag(tag).queued)
+            safely(lambda: self.redis.delete(self.tag(tag).queued))
 
     # -- fenced writes ------------------------------------------------------------------
 
@@ -223,11 +204,13 @@ class Pool(ManyTags):
         k = self.tag(tag)
         new_head = head.after_taking(count)
         ids = [str(i) for i in range(head.start, head.start + count)]
+        tries = _Tries(lambda: self._push(keys=[k.ids, k.reserve, k.state, k.lock],
+                                          args=[token, head.encode(), new_head, now_ms, *ids]))
         with redis_errors(f"{tag}: push"):
-            result = int(self._push(
-                keys=[k.ids, k.reserve, k.state, k.lock],
-                args=[token, head.encode(), new_head, now_ms, *ids],
-            ))
+            result = int(safely(tries))
+            if result == scripts.HEAD_MOVED and tries.repeated and new_head and \
+                    safely(lambda: self.redis.lindex(k.reserve, 0)) == new_head.encode():
+                return self._landed(tag, "push", k.ids)  # the first try did it
         if result < 0:
             raise StaleWrite(f"{tag}: push of {count} IDs from {head.encode()} refused: "
                              f"{scripts.REFUSALS[result]}", code=result)
@@ -236,9 +219,13 @@ class Pool(ManyTags):
     def push_fresh(self, tag: str, token: bytes, ids: Sequence[int], now_ms: int) -> int:
         """Push freshly generated, strictly increasing IDs (snowflake mode)."""
         k = self.tag(tag)
+        tries = _Tries(lambda: self._fresh(keys=[k.ids, k.state, k.lock],
+                                           args=[token, now_ms, *map(str, ids)]))
         with redis_errors(f"{tag}: push"):
-            result = int(self._fresh(keys=[k.ids, k.state, k.lock],
-                                     args=[token, now_ms, *map(str, ids)]))
+            result = int(safely(tries))
+            if result == scripts.NOT_ABOVE_HWM and tries.repeated and \
+                    safely(lambda: self.redis.hget(k.state, "hwm")) == str(ids[-1]).encode():
+                return self._landed(tag, "push", k.ids)
         if result < 0:
             raise StaleWrite(f"{tag}: push of {len(ids)} IDs from {ids[0]} refused: "
                              f"{scripts.REFUSALS[result]}", code=result)
@@ -252,46 +239,28 @@ class Pool(ManyTags):
         pairs: list[str] = []
         for name, value in fields.items():
             pairs += [name, str(value)]
+        tries = _Tries(lambda: self._append(
+            keys=[k.reserve, k.state, k.lock],
+            args=[token, str(segment.start), str(segment.end), *pairs]))
         with redis_errors(f"{tag}: append reserve"):
-            result = int(self._append(
-                keys=[k.reserve, k.state, k.lock],
-                args=[token, str(segment.start), str(segment.end), *pairs],
-            ))
+            result = int(safely(tries))
+            if result in (scripts.BELOW_RESERVE_TAIL, scripts.NOT_ABOVE_HWM) and \
+                    tries.repeated and \
+                    safely(lambda: self.redis.lindex(k.reserve, -1)) == segment.encode().encode():
+                return self._landed(tag, "reserve append", k.reserve)
         if result < 0:
             raise StaleWrite(f"{tag}: reserve range {segment.encode()} refused: "
                              f"{scripts.REFUSALS[result]}", code=result)
         return result
 
-    def take_reserve(self, tag: str, head: Range, count: int) -> list[int] | int:
-        """Client path: take ``count`` IDs from the reserve head while the list is empty.
-        Returns the IDs taken, or the script's refusal code (nothing written)."""
-        k = self.tag(tag)
-        count = min(count, head.size)
-        keys, args = [k.ids, k.reserve, k.state], head.take_args(count)
-        if self.acks:
-            code, acked = self._then_wait(
-                tag, k.ids, lambda pipe: self._take(keys=keys, args=args, client=pipe))
-            taken = take_result(head, count, int(code))
-            return self._acknowledged(tag, taken, acked) if isinstance(taken, list) else taken
-        with redis_errors(f"{tag}: take reserve"):
-            code = int(self._take(keys=keys, args=args))
-        return take_result(head, count, code)
-
-    # -- replica-acknowledged pops (docs/design.md §7) -------------------------------------
-
-    def require_replicas(self, required: int | str, wait_ms: int) -> int:
-        """From now on hand out a pop's IDs only once ``required`` replicas (a number, or
-        ``all`` connected now) acknowledged it within ``wait_ms``; a requirement the
-        master cannot meet now is refused here, not discovered pop by pop."""
-        self.acks, self.ack_wait_ms = replicas.required(self.redis, required), wait_ms
-        return self.acks
+    # -- failovers (docs/design.md §7.1) ---------------------------------------------------
 
     def note_master(self, snap: Snapshot, now_ms: int) -> bool:
         """Record which master serves the tag and its replication ID; a new ID means a
         failover promoted a replica (or the master restarted without its data): counted
         in ``failovers``, logged, and the refill goes on from the promoted node's state
         (its high-water mark and reserve fence every write). True on a failover."""
-        replid, where = replicas.replication_id(self.redis, self.tag(snap.tag).ids)
+        replid, where = safely(lambda: replicas.replication_id(self.redis, self.tag(snap.tag).ids))
         before = snap.state.get("redis_replid", "")
         changed = bool(before) and before != replid
         if changed:
@@ -303,29 +272,37 @@ class Pool(ManyTags):
                         **({"last_failover_ms": now_ms} if changed else {}))
         return changed
 
-    def _then_wait(self, tag: str, key: str, queue: Callable[[Any], object]) -> tuple[Any, int]:
-        """The command ``queue`` puts on a pipeline, then ``WAIT acks ms``, in one round
-        trip on the node holding ``key``: (its reply, replicas that acknowledged it)."""
-        try:
-            pipe = replicas.node_of(self.redis, key).pipeline(transaction=False)
-            queue(pipe)
-            pipe.execute_command("WAIT", self.acks,  # type: ignore[no-untyped-call]
-                                 self.ack_wait_ms)
-            reply, acked = pipe.execute()
-        except redis.RedisError as exc:
-            replicas.refresh(self.redis)
-            raise wrap(exc, f"{tag}: pop") from exc
-        return reply, int(acked)
-
-    def _acknowledged(self, tag: str, ids: list[int], acked: int) -> list[int]:
-        if ids and acked < self.acks:
-            replicas.log_discarded(tag, len(ids), acked, self.acks)
-            with contextlib.suppress(BackendUnavailable):
-                self.record(tag, counts={"unacked_ids": len(ids)})
-            raise ReplicasBehind(tag, len(ids), acked, self.acks)
-        return ids
-
     def reserve_head(self, tag: str) -> Range | None:
         with redis_errors(f"{tag}: reserve head"):
-            raw = self.redis.lindex(self.tag(tag).reserve, 0)
+            raw = safely(lambda: self.redis.lindex(self.tag(tag).reserve, 0))
         return Range.decode(raw) if raw else None
+
+    def _landed(self, tag: str, what: str, key: str) -> int:
+        """A fenced write repeated after a lost reply was refused because its first try
+        had landed: the write is done; the list's length now."""
+        log.info("%s: %s repeated after a lost reply had landed the first time", tag, what)
+        return int(safely(lambda: self.redis.llen(key)))
+
+
+class _Tries:
+    """A call that knows whether it was repeated (by :func:`safely`)."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self._call = call
+        self.count = 0
+
+    @property
+    def repeated(self) -> bool:
+        return self.count > 1
+
+    def __call__(self) -> Any:
+        self.count += 1
+        return self._call()
+
+
+def _recorded(tag: str, reply: int) -> bool:
+    """record.lua's reply: 1 recorded, 0 the tag is not registered (nothing written)."""
+    if reply < 0:
+        raise StaleWrite(f"{tag}: record refused: {scripts.REFUSALS.get(reply, reply)}",
+                         code=reply)
+    return reply == 1

@@ -3,20 +3,23 @@ service: the same keys, scripts and arguments (built by :mod:`leafpool.redis.poo
 
 It holds only what those callers do to Redis: pop, wait, the empty-pool path (known?,
 want, reserve take), the mode and snapshots for the status views. Refills stay
-synchronous (Celery tasks)."""
+synchronous (Celery tasks). Pops are sent once, as :mod:`leafpool.redis.pops` says, and
+a pop cancelled once it was sent (a request given up) counts what it may have taken as a
+gap; reads are repeated after a lost reply (:mod:`leafpool.redis.retries`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import inspect
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Sequence
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
-from leafpool.core.errors import BackendUnavailable, ReplicasBehind
+from leafpool.core.errors import BackendUnavailable, LeafpoolError, ReplicasBehind
 from leafpool.core.keys import Keys, TagKeys
 from leafpool.redis import replicas
 from leafpool.redis.connect import redis_errors, wrap
@@ -26,12 +29,15 @@ from leafpool.redis.pool_common import (
     Snapshot,
     ids_from,
     queue_snapshot,
-    queue_want,
     register_scripts,
     snapshot_from,
     take_result,
     text,
 )
+from leafpool.redis.pops import GAPS, UNACKED, check_replies, gap_counts, script_command
+from leafpool.redis.retries import safely_async, send_once_async
+
+log = logging.getLogger(__name__)
 
 
 class AsyncPool:
@@ -47,6 +53,7 @@ class AsyncPool:
         self._take, self._record = registered["take_reserve"], registered["record"]
         self._ids_keys: dict[str, str] = {}
         self._nodes: dict[str, aioredis.Redis] = {}
+        self._counting: set[asyncio.Task[bool]] = set()  # gap counts under way
 
     def tag(self, tag: str) -> TagKeys:
         return self.keys.tag(tag)
@@ -63,64 +70,117 @@ class AsyncPool:
         if self.acks:
             got = await self.pop_many(tag, 1)
             return got[0] if got else None
-        try:
-            raw = await self.redis.lpop(self._ids_key(tag))
-        except redis.RedisError as exc:
-            raise wrap(exc, f"{tag}: LPOP") from exc
-        return None if raw is None else int(raw)  # type: ignore[arg-type]
+        key = self._ids_key(tag)
+        raw = (await self._once(tag, key, [("LPOP", key)], "LPOP", 1))[0]
+        return None if raw is None else int(raw)
 
     async def pop_many(self, tag: str, count: int) -> list[int]:
+        key = self._ids_key(tag)
         if self.acks:
-            key = self._ids_key(tag)
-            raw, acked = await self._then_wait(tag, key, lambda pipe: pipe.lpop(key, count))
-            return await self._acknowledged(tag, ids_from(raw), acked)
-        try:
-            raw = await self.redis.lpop(self._ids_key(tag), count)
-        except redis.RedisError as exc:
-            raise wrap(exc, f"{tag}: LPOP") from exc
-        return ids_from(raw)  # type: ignore[arg-type]
+            raw, acked = await self._once(tag, key, [("LPOP", key, count), self._wait()],
+                                          "LPOP", count)
+            return await self._acknowledged(tag, ids_from(raw), int(acked))
+        return ids_from((await self._once(tag, key, [("LPOP", key, count)], "LPOP", count))[0])
 
     async def wait_pop(self, tag: str, timeout: float) -> int | None:
+        key = self._ids_key(tag)
+        command = ("BLPOP", key, f"{timeout:.3f}")
         if self.acks:
-            key = self._ids_key(tag)
-            popped, acked = await self._then_wait(
-                tag, key, lambda pipe: pipe.blpop([key], timeout=timeout))
+            popped, acked = await self._once(tag, key, [command, self._wait()], "BLPOP", 1)
             got = await self._acknowledged(tag, [] if popped is None else [int(popped[1])],
-                                           acked)
+                                           int(acked))
             return got[0] if got else None
-        with redis_errors(f"{tag}: BLPOP"):
-            popped = await self.redis.blpop([self._ids_key(tag)], timeout=timeout)
+        popped = (await self._once(tag, key, [command], "BLPOP", 1))[0]
         return None if popped is None else int(popped[1])
 
     async def is_known(self, tag: str) -> bool:
         with redis_errors(f"{tag}: membership"):
-            return bool(await self.redis.sismember(self.keys.tags, tag))
+            return bool(await safely_async(lambda: self.redis.sismember(self.keys.tags, tag)))
 
     async def want(self, tag: str) -> None:
         with redis_errors(f"{tag}: want"):
-            pipe = self.redis.pipeline(transaction=False)
-            queue_want(pipe, self.keys, tag)
-            await pipe.execute()
+            await safely_async(lambda: self.redis.sadd(self.keys.wanted, tag))
+        state = self.tag(tag).state  # a counter: never repeated
+        await self._once(tag, state, [("HINCRBY", state, "empty_hits", 1)], "empty hit", 0)
 
     async def reserve_head(self, tag: str) -> Range | None:
         with redis_errors(f"{tag}: reserve head"):
-            raw = await self.redis.lindex(self.tag(tag).reserve, 0)
+            raw = await safely_async(lambda: self.redis.lindex(self.tag(tag).reserve, 0))
         return Range.decode(raw) if raw else None
 
     async def take_reserve(self, tag: str, head: Range, count: int) -> list[int] | int:
         k = self.tag(tag)
         count = min(count, head.size)
-        keys, args = [k.ids, k.reserve, k.state], head.take_args(count)
+        take = script_command(self._take, [k.ids, k.reserve, k.state], head.take_args(count))
         if self.acks:
-            code, acked = await self._then_wait(
-                tag, k.ids, lambda pipe: self._take(keys=keys, args=args, client=pipe))
+            code, acked = await self._once(tag, k.ids, [take, self._wait()], "take reserve",
+                                           count, self._take)
             taken = take_result(head, count, int(code))
             if isinstance(taken, list):
-                return await self._acknowledged(tag, taken, acked)
+                return await self._acknowledged(tag, taken, int(acked))
             return taken
-        with redis_errors(f"{tag}: take reserve"):
-            code = int(await self._take(keys=keys, args=args))
-        return take_result(head, count, code)
+        code = (await self._once(tag, k.ids, [take], "take reserve", count, self._take))[0]
+        return take_result(head, count, int(code))
+
+    # -- sending once (docs/design.md §7.2; see leafpool.redis.pops) --------------------------
+
+    async def _once(self, tag: str, key: str, commands: list[tuple[Any, ...]], what: str,
+                    at_stake: int, script: Any = None) -> list[Any]:
+        for attempt in range(3):
+            node = self._node_of(key)
+            lost = (lambda: self._count_gap_later(tag, at_stake)) if at_stake else None
+            try:
+                replies = await send_once_async(node, commands, f"{tag}: {what}", lost)
+            except BackendUnavailable:
+                await self._refresh()
+                raise
+            moved = any(isinstance(r, redis.exceptions.MovedError | redis.exceptions.AskError)
+                        for r in replies)
+            noscript = any(isinstance(r, redis.exceptions.NoScriptError) for r in replies)
+            if attempt < 2 and moved:
+                await self._refresh()
+                continue
+            if attempt < 2 and noscript and script is not None:
+                with redis_errors(f"{tag}: SCRIPT LOAD"):
+                    await safely_async(lambda n=node: n.script_load(script.script))  # type: ignore[misc]
+                continue
+            check_replies(replies, f"{tag}: {what}")
+            return replies
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _count_gap_later(self, tag: str, ids: int) -> None:
+        """A pop's reply was lost or its caller cancelled once it was sent: count what it
+        may have taken, in a task of its own (the cancelled caller cannot wait for it)."""
+        log.warning("%s: a pop's reply was lost or its request cancelled: up to %d ID(s) "
+                    "counted as a gap, never handed out", tag, ids)
+        self.count_gap(tag, ids, lost_reply=True)
+
+    def count_gap(self, tag: str, ids: int, lost_reply: bool = False) -> None:
+        """Count ``ids`` IDs taken and not handed out (a coalesced request cancelled after
+        its pop: exact), in a task of its own; best effort."""
+        task = asyncio.get_running_loop().create_task(
+            self._record_once(tag, gap_counts(ids, lost_reply)))
+        self._counting.add(task)
+        task.add_done_callback(self._counted)
+
+    def _counted(self, task: asyncio.Task[bool]) -> None:
+        self._counting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("gap not counted: %s", task.exception())
+
+    async def _record_once(self, tag: str, counts: dict[str, int]) -> bool:
+        state = self.tag(tag).state
+        args: list[Any] = [0]
+        for name, by in counts.items():
+            args += [name, by]
+        reply = (await self._once(tag, state, [script_command(self._record, [state], args)],
+                                  "record", 0, self._record))[0]
+        return int(reply) == 1
+
+    async def _refresh(self) -> None:
+        if isinstance(self.redis, AsyncRedisCluster):  # read the slot map again
+            with contextlib.suppress(redis.RedisError):
+                await self.redis.nodes_manager.initialize()
 
     # -- replica-acknowledged pops (docs/design.md §7; see leafpool.redis.pool.Pool) ------------
 
@@ -128,7 +188,8 @@ class AsyncPool:
         if required == 0:
             return 0
         try:
-            infos = [await m.info("replication") for m in self._masters()]
+            infos = [await safely_async(lambda m=m: m.info("replication"))  # type: ignore[misc]
+                     for m in self._masters()]
         except redis.RedisError as exc:
             raise wrap(exc, "INFO replication") from exc
         connected = min(int(i.get("connected_slaves", 0)) for i in infos)
@@ -158,29 +219,15 @@ class AsyncPool:
             return self._node(node.host, node.port)
         return self.redis
 
-    async def _then_wait(self, tag: str, key: str,
-                         queue: Callable[[Any], object]) -> tuple[Any, int]:
-        try:
-            pipe = self._node_of(key).pipeline(transaction=False)
-            queued = queue(pipe)
-            if inspect.isawaitable(queued):  # a script queues itself asynchronously
-                await queued
-            pipe.execute_command("WAIT", self.acks, self.ack_wait_ms)
-            reply, acked = await pipe.execute()
-        except redis.RedisError as exc:
-            if isinstance(self.redis, AsyncRedisCluster):  # read the slot map again
-                with contextlib.suppress(redis.RedisError):
-                    await self.redis.nodes_manager.initialize()
-            raise wrap(exc, f"{tag}: pop") from exc
-        return reply, int(acked)
+    def _wait(self) -> tuple[Any, ...]:
+        return ("WAIT", self.acks, self.ack_wait_ms)
 
     async def _acknowledged(self, tag: str, ids: list[int], acked: int) -> list[int]:
         """``ids``, or ReplicasBehind once they are dropped and counted (as Pool does)."""
         if ids and acked < self.acks:
             replicas.log_discarded(tag, len(ids), acked, self.acks)
-            with contextlib.suppress(BackendUnavailable), redis_errors(f"{tag}: record"):
-                await self._record(keys=[self.tag(tag).state],
-                                   args=[0, "unacked_ids", len(ids)])
+            with contextlib.suppress(LeafpoolError):
+                await self._record_once(tag, {UNACKED: len(ids), GAPS: len(ids)})
             raise ReplicasBehind(tag, len(ids), acked, self.acks)
         return ids
 
@@ -188,31 +235,38 @@ class AsyncPool:
 
     async def mode(self, tag: str) -> str | None:
         with redis_errors(f"{tag}: mode"):
-            raw = await self.redis.hget(self.tag(tag).state, "mode")
+            raw = await safely_async(lambda: self.redis.hget(self.tag(tag).state, "mode"))
         return text(raw) if raw is not None else None
 
     async def tags(self) -> list[str]:
         with redis_errors("list tags"):
-            return sorted(text(t) for t in await self.redis.smembers(self.keys.tags))
+            return sorted(text(t) for t in await safely_async(
+                lambda: self.redis.smembers(self.keys.tags)))
 
     async def modes(self, tags: Sequence[str]) -> dict[str, str | None]:
-        with redis_errors("modes"):
+        async def read() -> Any:
             pipe = self.redis.pipeline(transaction=False)
             for tag in tags:
                 pipe.hget(self.tag(tag).state, "mode")
-            raw = await pipe.execute()
+            return await pipe.execute()
+
+        with redis_errors("modes"):
+            raw = await safely_async(read)
         return {tag: (text(m) if m is not None else None) for tag, m in zip(tags, raw,
                                                                               strict=True)}
 
     async def snapshots(self, tags: Sequence[str]) -> list[Snapshot]:
-        with redis_errors("snapshots"):
+        async def read() -> Any:
             pipe = self.redis.pipeline(transaction=False)
             for tag in tags:
                 queue_snapshot(pipe, self.tag(tag))
-            raw = await pipe.execute()
+            return await pipe.execute()
+
+        with redis_errors("snapshots"):
+            raw = await safely_async(read)
         n = SNAPSHOT_REPLIES
         return [snapshot_from(tag, raw[n * i : n * i + n]) for i, tag in enumerate(tags)]
 
     async def ping(self) -> None:
         with redis_errors("PING"):
-            await self.redis.ping()
+            await safely_async(self.redis.ping)

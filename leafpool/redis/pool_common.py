@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from leafpool.core.keys import Keys, TagKeys
+from leafpool.core.keys import TagKeys
 from leafpool.redis import scripts
 
 SCRIPTS = ("push_ids", "append_reserve", "take_reserve", "push_fresh", "record", "drop")
@@ -140,12 +140,6 @@ def snapshot_from(tag: str, replies: Sequence[Any]) -> Snapshot:
     length, reserve, state, locked = replies
     return Snapshot(tag, int(length), [Range.decode(r) for r in reserve], _decode_map(state),
                     bool(locked))
-
-
-def queue_want(pipe: Any, keys: Keys, tag: str) -> None:
-    """Queue an empty-pool hit: ask the sweep for a refill and count it."""
-    pipe.sadd(keys.wanted, tag)
-    pipe.hincrby(keys.tag(tag).state, "empty_hits", 1)
 
 
 def register_scripts(client: Any) -> dict[str, Any]:

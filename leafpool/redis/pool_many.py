@@ -5,6 +5,7 @@ commands."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from leafpool.redis.pool_common import (
     snapshot_from,
     text,
 )
+from leafpool.redis.retries import safely
 
 #: tags per pipeline of level reads (the sweep, the drop watcher's full pass)
 LEVEL_CHUNK = 1000
@@ -110,26 +112,29 @@ class ManyTags:
         list (RESP2), see :func:`as_map`."""
         chunks = [[c for tag in tags[lo:lo + TAGS_PER_PIPELINE] for c in commands(tag)]
                   for lo in range(0, len(tags), TAGS_PER_PIPELINE)]
+        with redis_errors(what):  # reads and idempotent writes: repeated after a lost reply
+            return safely(lambda: self._send_chunks(chunks))
+
+    def _send_chunks(self, chunks: list[list[tuple[Any, ...]]]) -> list[Any]:
         out: list[Any] = []
-        with redis_errors(what):
-            if is_cluster(self.redis):
-                for chunk in chunks:
-                    pipe: Any = self.redis.pipeline(transaction=False)
-                    for command in chunk:
-                        pipe.execute_command(*command)
-                    out += pipe.execute()
-                return out
-            pool = self.redis.connection_pool
-            conn: Any = pool.get_connection()
-            try:
-                for chunk in chunks:
-                    conn.send_packed_command([pack(chunk)])
-                    out += [conn.read_response() for _ in chunk]
-            except BaseException:
-                conn.disconnect()  # replies may be left unread: never reuse it
-                raise
-            finally:
-                pool.release(conn)
+        if is_cluster(self.redis):
+            for chunk in chunks:
+                pipe: Any = self.redis.pipeline(transaction=False)
+                for command in chunk:
+                    pipe.execute_command(*command)
+                out += pipe.execute()
+            return out
+        pool = self.redis.connection_pool
+        conn: Any = pool.get_connection()
+        try:
+            for chunk in chunks:
+                conn.send_packed_command([pack(chunk)])
+                out += [conn.read_response() for _ in chunk]
+        except BaseException:
+            conn.disconnect()  # replies may be left unread: never reuse it
+            raise
+        finally:
+            pool.release(conn)
         return out
 
     def register_many(self, entries: Sequence[tuple[str, str, int, Mapping[str, object]]]
@@ -142,13 +147,14 @@ class ManyTags:
             mode, now_ms, fields = by_tag[tag]
             state = self.tag(tag).state
             pairs = [x for name, value in fields.items() for x in (name, str(value))]
-            return [("SADD", self.keys.tags, tag), ("HSETNX", state, "mode", mode),
-                    ("HSETNX", state, "created_ms", now_ms),
+            # the state before the tag set, as Pool.register does
+            return [("HSETNX", state, "mode", mode), ("HSETNX", state, "created_ms", now_ms),
                     # one reply more for every tag, fields or not: fixed-size replies
-                    ("HSET", state, *pairs) if pairs else ("EXISTS", state)]
+                    ("HSET", state, *pairs) if pairs else ("EXISTS", state),
+                    ("SADD", self.keys.tags, tag)]
 
         raw = self._pipelined("register", [e[0] for e in entries], commands)
-        return [bool(raw[4 * i]) for i in range(len(entries))]
+        return [bool(raw[4 * i + 3]) for i in range(len(entries))]
 
     def states(self, tags: Sequence[str], names: Sequence[str]) -> list[dict[str, str]]:
         """``HMGET`` of ``names`` in each tag's state, pipelined in chunks: what the tag
@@ -159,10 +165,16 @@ class ManyTags:
                 for values in raw]
 
     def mark_queued_many(self, tags: Sequence[str], seconds: int) -> list[bool]:
-        """:meth:`mark_queued` for many tags, pipelined in chunks."""
+        """Mark each tag queued unless a refill of it was marked in the last ``seconds``;
+        True for the tags this call marked. ``SET NX GET`` with a token of this call: a
+        repeat after a lost reply finds its own token (marked by us), where a plain
+        ``SET NX`` would read "already queued" and the tag would wait out the marker
+        with no refill queued."""
+        token = secrets.token_hex(8)
         raw = self._pipelined("mark queued", tags, lambda tag: [
-            ("SET", self.tag(tag).queued, 1, "NX", "EX", seconds)])
-        return [bool(x) for x in raw]
+            ("SET", self.tag(tag).queued, token, "NX", "GET", "EX", seconds)])
+        mine = token.encode()
+        return [x is None or x == mine for x in raw]
 
     # -- levels: the sweep and the drop watcher (docs/design.md §3.7) ----------------------
 
@@ -177,11 +189,8 @@ class ManyTags:
 
     def locks_held(self, tags: Sequence[str]) -> list[bool]:
         """Whether each tag's refill lock is held (a refill is running), in one round trip."""
-        with redis_errors("locks"):
-            pipe = self.redis.pipeline(transaction=False)
-            for tag in tags:
-                pipe.exists(self.tag(tag).lock)
-            return [bool(x) for x in pipe.execute()]
+        raw = self._pipelined("locks", tags, lambda tag: [("EXISTS", self.tag(tag).lock)])
+        return [bool(x) for x in raw]
 
     def tracked_levels(self, conn: Any, tags: Sequence[str]) -> list[Level]:
         """:meth:`levels` with the lock, read on ``conn``: a connection of the drop watcher

@@ -5,6 +5,25 @@ written once under ``leafpool/redis/lua/lib/`` and put in place of a ``-- @inclu
 when the script is loaded. The scripts are registered with redis-py's
 :class:`~redis.commands.core.Script`, which runs EVALSHA and falls back to EVAL after a
 Redis restart (NOSCRIPT).
+
+Every value a script writes is checked against the values it follows from: a script
+refuses a call whose arguments are not canonical decimals (:data:`NOT_DECIMAL`) or do not
+agree with each other (:data:`INCONSISTENT`: the new reserve head against the last ID
+handed out, a count against the first and last ID, a recorded ``max_id``/``step`` against
+the range) and writes nothing. Only the IDs between the first and last of a
+``push_ids`` chunk are trusted unchecked (see its header).
+
+Retrying after a lost reply (the script may or may not have run):
+
+- ``push_ids``: safe; a repeat of a chunk that went through finds the head moved (-2).
+- ``append_reserve``: safe; a repeat of a range that went through is refused (-5, or -3
+  once the range was pushed).
+- ``push_fresh``: safe; a repeat of IDs that went through is refused (-3).
+- ``take_reserve``: NOT safe blindly; a repeat of a take that went through is refused (-2)
+  and the first run's IDs are a gap the caller must count (never hand out again).
+- ``record``: fields are safe (HSET writes the same values), counters are not (HINCRBY
+  counts twice).
+- ``drop``: safe; a repeat finds no state and returns 1 again.
 """
 
 from __future__ import annotations
@@ -21,6 +40,7 @@ LIST_NOT_EMPTY = -4
 BELOW_RESERVE_TAIL = -5
 OUTSIDE_HEAD = -6
 NOT_DECIMAL = -7
+INCONSISTENT = -8
 
 REFUSALS = {
     LOCK_LOST: "the refill lock is not held with this token",
@@ -30,6 +50,8 @@ REFUSALS = {
     BELOW_RESERVE_TAIL: "the range starts below the end of the reserve",
     OUTSIDE_HEAD: "the IDs do not lie in the reserve head range (or are not increasing)",
     NOT_DECIMAL: "a value is not a canonical non-negative decimal",
+    INCONSISTENT: "the arguments are inconsistent: a value the script writes does not "
+                  "follow from the IDs or range it hands out or adds",
 }
 
 # Refusals a client taking from the reserve may retry: the state it read has moved on.

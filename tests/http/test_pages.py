@@ -63,7 +63,7 @@ def test_one_table_builder_gives_each_mode_its_columns_and_marks_low_pools() -> 
     heads = {mode: [h.split("</th>")[0] for h in table.split("<th>")[1:]]
              for mode, table in (("segment", segment), ("snowflake", flake))}
     shared_lead, shared_tail = ["tag", "ready / target"], ["pops/s", "time left", "last refill",
-                                                           "last error", "empty hits"]
+                                                           "last error", "empty hits", "gaps"]
     for mode, own in (("segment", ["low-water", "reserve", "step", "max_id"]),
                       ("snowflake", ["worker IDs", "lease", "last clock backwards"])):
         assert heads[mode] == [*shared_lead, *own, *shared_tail]

@@ -6,21 +6,30 @@
 -- KEYS[4]  lock     refill lock; its value must be the caller's token (fencing)
 -- ARGV[1]  the caller's lock token
 -- ARGV[2]  the reserve head the caller read, "start:end"
--- ARGV[3]  the reserve head after this chunk, "" when the range is used up
--- ARGV[4]  now, in milliseconds
--- ARGV[5..] the IDs as decimal strings, contiguous and increasing from the head's start
+-- ARGV[3]  the reserve head after this chunk: "" when the chunk uses the range up (last + 1
+--          is the head's end), else exactly (last + 1) .. ":" .. end; checked
+-- ARGV[4]  now, in milliseconds (a canonical decimal; written as "last_push_ms")
+-- ARGV[5..] the IDs as decimal strings, contiguous and increasing from the head's start:
+--          first = ARGV[5], last = ARGV[#ARGV], and their number (#ARGV - 4) must be
+--          last - first + 1 (checked)
 --
 -- Returns the new length of the ids list (>= 0), or nothing written and
 --   -1  the lock is not held with this token (expired, or taken by another refiller)
 --   -2  the reserve head is not ARGV[2] (this chunk was already pushed, or taken)
 --   -3  the first ID is not above the tag's high-water mark
 --   -6  the IDs do not lie in the head range
---   -7  the first or last ID, the head or the high-water mark is not a canonical decimal
+--   -7  the first or last ID, the head, now or the high-water mark is not a canonical
+--       decimal
+--   -8  the arguments are inconsistent: the number of IDs is not last - first + 1, or
+--       ARGV[3] is not the head that follows last
 --
 -- IDs are compared as decimal strings (lib/decimal.lua). The IDs between the first and
--- the last are the caller's contiguous run from the head's start; only the two ends take
--- part in the fence, so only they are checked (checking 1,000 strings per push would
--- double the time Redis is busy with it).
+-- the last are trusted to be the caller's contiguous run from the head's start; only the
+-- two ends and the count take part in the fence, so only they are checked (checking 1,000
+-- strings per push would double the time Redis is busy with it).
+--
+-- Repeating the call after a lost reply is safe: when the first run went through the head
+-- has moved, so the repeat is refused -2 and writes nothing.
 
 -- @include decimal
 
@@ -29,12 +38,20 @@ local head = redis.call('LINDEX', KEYS[2], 0)
 if head ~= ARGV[2] then return -2 end
 
 local first, last = ARGV[5], ARGV[#ARGV]
-if #ARGV < 5 or not (dec(first) and dec(last)) then return -7 end
+if #ARGV < 5 or not (dec(first) and dec(last) and dec(ARGV[4])) then return -7 end
 local sep = string.find(head, ':', 1, true)
 if not sep then return -7 end
 local head_start, head_end = string.sub(head, 1, sep - 1), string.sub(head, sep + 1)
 if not (dec(head_start) and dec(head_end)) then return -7 end
 if first ~= head_start or not gt(head_end, last) then return -6 end
+
+local after = add(last, 1)
+if add(first, #ARGV - 4) ~= after then return -8 end
+if after == head_end then
+  if ARGV[3] ~= '' then return -8 end
+elseif ARGV[3] ~= after .. ':' .. head_end then
+  return -8
+end
 
 local hwm = redis.call('HGET', KEYS[3], 'hwm')
 if hwm and not dec(hwm) then return -7 end

@@ -1,0 +1,204 @@
+"""The client's commands on a tag's ready list (docs/design.md §7.2): ``LPOP``,
+``LPOP n``, ``BLPOP``, the reserve take, each optionally followed by ``WAIT`` in the same
+round trip (replica-acknowledged pops, §7.1).
+
+None is ever repeated (:func:`~leafpool.redis.retries.send_once`): a pop whose reply was
+lost may have taken IDs, and a repeat would take others. The IDs it may have taken are a
+gap, counted in the tag's ``gaps`` (and the pop in ``lost_replies``); a pop that never
+left (connecting or writing failed) took nothing and counts nothing. A pop whose IDs too
+few replicas acknowledged is a gap too (``gaps`` and ``unacked_ids``).
+
+What the counts cannot see: a pop whose reply was lost counts the IDs it asked for (it
+may have taken fewer, from a list holding fewer), and the count itself is lost when Redis
+stays unreachable; a plain ``LPOP`` of another client (another language) that loses its
+reply is not counted by anyone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from leafpool.core.errors import BackendUnavailable, LeafpoolError, ReplicasBehind, ReplyLost
+from leafpool.core.keys import Keys, TagKeys
+from leafpool.redis import replicas
+from leafpool.redis.connect import redis_errors, wrap
+from leafpool.redis.pool_common import Range, ids_from, take_result
+from leafpool.redis.retries import safely, send_once
+
+log = logging.getLogger(__name__)
+
+#: state counters of what a pop took and did not hand out (docs/design.md §7.2)
+GAPS = "gaps"
+LOST_REPLIES = "lost_replies"
+UNACKED = "unacked_ids"
+
+
+def gap_counts(ids: int, lost_reply: bool) -> dict[str, int]:
+    """The counters a gap of ``ids`` IDs adds (and the lost reply, when that was it)."""
+    return {GAPS: ids, LOST_REPLIES: 1} if lost_reply else {GAPS: ids}
+
+
+def check_replies(replies: Sequence[Any], what: str) -> None:
+    """Raise the first error reply (wrapped); MOVED, ASK and NOSCRIPT are the caller's."""
+    for reply in replies:
+        if isinstance(reply, redis.ResponseError):
+            raise wrap(reply, what) from reply
+
+
+def script_command(script: Any, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+    return ("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+def _load(node: Any, script: Any, tag: str) -> None:
+    """Load ``script`` on ``node`` (its script cache was emptied: a restart, a failover)."""
+    with redis_errors(f"{tag}: SCRIPT LOAD"):
+        safely(lambda: node.script_load(script.script))
+
+
+class Pops:
+    """The client's pops, for :class:`~leafpool.redis.pool.Pool`."""
+
+    redis: Any
+    keys: Keys
+    acks = 0  # replicas that must acknowledge a pop (LEAFPOOL_POP_REPLICAS; 0: none)
+    ack_wait_ms = 100
+    _take: Any
+    _record: Any
+    _ids_keys: dict[str, str]
+
+    def tag(self, tag: str) -> TagKeys:
+        return self.keys.tag(tag)
+
+    def _ids_key(self, tag: str) -> str:
+        key = self._ids_keys.get(tag)
+        if key is None:
+            key = self._ids_keys[tag] = self.keys.tag(tag).ids
+        return key
+
+    # -- sending once -----------------------------------------------------------------------
+
+    def _once(self, tag: str, key: str, commands: list[tuple[Any, ...]], what: str,
+              at_stake: int, script: Any = None) -> list[Any]:
+        """``commands`` on the node holding ``key``, never repeated once sent; ``at_stake``
+        IDs are counted as a gap when the reply is lost. A command refused before it ran
+        (MOVED, ASK: the slot moved; NOSCRIPT: the script cache was emptied) is sent again
+        once the map or the script is back."""
+        for attempt in range(3):
+            node = replicas.node_of(self.redis, key)
+            lost = (lambda: self._count_gap(tag, at_stake, True)) if at_stake else None
+            try:
+                replies = send_once(node, commands, f"{tag}: {what}", lost)
+            except BackendUnavailable:
+                replicas.refresh(self.redis)
+                raise
+            moved = any(isinstance(r, redis.exceptions.MovedError | redis.exceptions.AskError)
+                        for r in replies)
+            noscript = any(isinstance(r, redis.exceptions.NoScriptError) for r in replies)
+            if attempt < 2 and moved:
+                replicas.refresh(self.redis)
+                continue
+            if attempt < 2 and noscript and script is not None:
+                _load(node, script, tag)
+                continue
+            check_replies(replies, f"{tag}: {what}")
+            return replies
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _count_gap(self, tag: str, ids: int, lost_reply: bool) -> None:
+        """Count ``ids`` IDs taken and not handed out (best effort: with Redis unreachable
+        the count is lost too, and said so in the log)."""
+        if lost_reply:
+            log.warning("%s: a pop's reply was lost: up to %d ID(s) counted as a gap, never "
+                        "handed out", tag, ids)
+        try:
+            self._record_once(tag, gap_counts(ids, lost_reply))
+        except LeafpoolError as exc:
+            log.warning("%s: gap of %d ID(s) not counted: %s", tag, ids, exc)
+
+    def _record_once(self, tag: str, counts: dict[str, int]) -> bool:
+        """Add ``counts`` to the tag's state while it is registered, never repeated (a
+        repeat would count twice)."""
+        state = self.tag(tag).state
+        args: list[Any] = [0]
+        for name, by in counts.items():
+            args += [name, by]
+        reply = self._once(tag, state, [script_command(self._record, [state], args)],
+                           "record", 0, self._record)[0]
+        return int(reply) == 1
+
+    # -- pops -----------------------------------------------------------------------------
+
+    def pop(self, tag: str) -> int | None:
+        """``LPOP`` one ID (None when the list is empty): the hot path."""
+        if self.acks:
+            got = self.pop_many(tag, 1)
+            return got[0] if got else None
+        key = self._ids_keys.get(tag) or self._ids_key(tag)
+        raw = self._once(tag, key, [("LPOP", key)], "LPOP", 1)[0]
+        return None if raw is None else int(raw)
+
+    def pop_many(self, tag: str, count: int) -> list[int]:
+        """``LPOP key count``: up to ``count`` IDs, in order."""
+        key = self._ids_keys.get(tag) or self._ids_key(tag)
+        if self.acks:
+            raw, acked = self._once(tag, key, [("LPOP", key, count), self._wait()], "LPOP",
+                                    count)
+            return self._acknowledged(tag, ids_from(raw), int(acked))
+        return ids_from(self._once(tag, key, [("LPOP", key, count)], "LPOP", count)[0])
+
+    def wait_pop(self, tag: str, timeout: float) -> int | None:
+        """``BLPOP`` one ID, waiting up to ``timeout`` seconds for a refill."""
+        key = self._ids_key(tag)
+        command = ("BLPOP", key, f"{timeout:.3f}")
+        if self.acks:
+            popped, acked = self._once(tag, key, [command, self._wait()], "BLPOP", 1)
+            got = self._acknowledged(tag, [] if popped is None else [int(popped[1])],
+                                     int(acked))
+            return got[0] if got else None
+        popped = self._once(tag, key, [command], "BLPOP", 1)[0]
+        return None if popped is None else int(popped[1])
+
+    def take_reserve(self, tag: str, head: Range, count: int) -> list[int] | int:
+        """Client path: take ``count`` IDs from the reserve head while the list is empty.
+        Returns the IDs taken, or the script's refusal code (nothing written)."""
+        k = self.tag(tag)
+        count = min(count, head.size)
+        take = script_command(self._take, [k.ids, k.reserve, k.state], head.take_args(count))
+        if self.acks:
+            code, acked = self._once(tag, k.ids, [take, self._wait()], "take reserve", count,
+                                     self._take)
+            taken = take_result(head, count, int(code))
+            if isinstance(taken, list):
+                return self._acknowledged(tag, taken, int(acked))
+            return taken
+        code = self._once(tag, k.ids, [take], "take reserve", count, self._take)[0]
+        return take_result(head, count, int(code))
+
+    # -- replica-acknowledged pops (docs/design.md §7.1) ------------------------------------
+
+    def _wait(self) -> tuple[Any, ...]:
+        return ("WAIT", self.acks, self.ack_wait_ms)
+
+    def require_replicas(self, required: int | str, wait_ms: int) -> int:
+        """From now on hand out a pop's IDs only once ``required`` replicas (a number, or
+        ``all`` connected now) acknowledged it within ``wait_ms``; a requirement the
+        master cannot meet now is refused here, not discovered pop by pop."""
+        self.acks = safely(lambda: replicas.required(self.redis, required))
+        self.ack_wait_ms = wait_ms
+        return self.acks
+
+    def _acknowledged(self, tag: str, ids: list[int], acked: int) -> list[int]:
+        if ids and acked < self.acks:
+            replicas.log_discarded(tag, len(ids), acked, self.acks)
+            with contextlib.suppress(LeafpoolError):
+                self._record_once(tag, {UNACKED: len(ids), GAPS: len(ids)})
+            raise ReplicasBehind(tag, len(ids), acked, self.acks)
+        return ids
+
+
+__all__ = ["GAPS", "LOST_REPLIES", "UNACKED", "Pops", "ReplyLost", "gap_counts"]
