@@ -63,13 +63,14 @@ class TokenLock:
     def acquire(self) -> bool:
         """True when this caller now holds the lock (it was free, this is a repeat of our
         own acquire, or its holder was on a former master)."""
-        code, value = self._run("lock_acquire", [secrets.token_hex(16), self.ttl_ms], "acquire")
-        code = int(code)
+        reply = self._run("lock_acquire", [secrets.token_hex(16), self.ttl_ms], "acquire")
+        code, value = int(reply[0]), reply[1]
         self.held = code in (FREE, OURS, TAKEN_OVER)
         if not self.held:
             return False
         if code == TAKEN_OVER:
-            self.took_over_from = value.decode() if isinstance(value, bytes) else str(value)
+            former = reply[2]
+            self.took_over_from = former.decode() if isinstance(former, bytes) else str(former)
             log.warning("%s: taken over from a holder on a former master (a failover or a "
                         "restart changed the replication ID)", self.name)
         self._token = bytes(value) if isinstance(value, bytes) else str(value).encode()

@@ -119,7 +119,8 @@ def send_once(client: Any, commands: Sequence[Sequence[Any]], what: str,
         raise BackendUnavailable(f"redis: {what}: {exc}") from exc
     try:
         try:
-            conn.send_packed_command(conn.pack_commands(commands))
+            conn.check_health()  # its PING before the commands leave, not among them
+            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
         except (redis.RedisError, OSError) as exc:
             conn.disconnect()
             raise BackendUnavailable(f"redis: {what}: {exc}") from exc
@@ -150,8 +151,9 @@ async def send_once_async(client: Any, commands: Sequence[Sequence[Any]], what: 
     sent = False
     try:
         try:
+            await conn.check_health()  # its PING before the commands leave
             sent = True
-            await conn.send_packed_command(conn.pack_commands(commands))
+            await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
         except (redis.RedisError, OSError) as exc:
             await conn.disconnect(nowait=True)
             raise BackendUnavailable(f"redis: {what}: {exc}") from exc

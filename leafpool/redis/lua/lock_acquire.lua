@@ -17,7 +17,7 @@
 --       former master (a failover promoted this node, or it restarted and lost its
 --       replication ID): its holder's connection went with that master, and every write
 --       of that holder is fenced by the token it no longer matches; value is the
---       caller's token
+--       caller's token, and a third element the former holder's
 --    0  held by another holder on this master; value is the holder's token
 --   -7  ARGV[1] or ARGV[2] is malformed; nothing written
 --
@@ -46,6 +46,6 @@ if held_nonce == nonce then
 end
 if held_replid ~= replid then
   redis.call('SET', KEYS[1], mine, 'PX', ttl)
-  return {3, mine}
+  return {3, mine, held}
 end
 return {0, held}
