@@ -19,9 +19,18 @@ import pytest
 
 from leafpool.client import AsyncClient, Client
 from leafpool.core.config import Settings, load_settings
-from leafpool.core.errors import BackendUnavailable, ConfigurationError, ReplicasBehind
+from leafpool.core.errors import (
+    BackendUnavailable,
+    ConfigurationError,
+    ReplicasBehind,
+    StaleWrite,
+)
+from leafpool.redis import scripts
+from leafpool.redis.connect import connect
 from leafpool.redis.lock import RefillLock
 from leafpool.redis.pool import Pool, Range
+from leafpool.segment.refiller import SegmentRefiller
+from leafpool.segment.store import SegmentStore
 from leafpool.status import tag_status
 from tests.support import topologies as t
 from tests.support.processes import leafpool_env
@@ -238,3 +247,40 @@ def test_the_http_service_answers_only_acknowledged_ids(topologies: Topologies) 
     with pytest.raises(ConfigurationError, match="LEAFPOOL_POP_REPLICAS"), \
             TestClient(create_app(_settings(top.master, pop_replicas="3"))):
         pass  # refused at start, not discovered request by request
+
+
+def test_a_refill_lock_left_on_a_dead_master_is_taken_over_by_the_next_refill(
+    topologies: Topologies, sqlite_url: str
+) -> None:
+    """A refill holds the tag's lock when the master dies; the promoted replica has the
+    lock (replicated), and the holder's release went to the dead master. The next refill
+    takes the lock over at once (it names the former master's replication ID) instead of
+    waiting out its TTL, and the former holder's writes are refused on the new master."""
+    top = topologies.replicated(1)
+    store = SegmentStore.from_url(sqlite_url)
+    store.init_schema()
+    store.add_tag(TAG, step=1000)
+    before = _settings(top.master, database_url=sqlite_url, pool_floor=100, pool_ceiling=100)
+    pool = Pool(connect(before))
+    assert SegmentRefiller(pool, store, before).refill(TAG).pushed == 100
+    holder = pool.refill_lock(TAG, 30_000)
+    assert holder.acquire()  # a refill under way when the master dies
+    top.wait_synced()
+    replica = top.replicas[0]
+    top.master.kill()
+    top.promote(replica)
+    promoted = time.monotonic()
+    after = _settings(replica, database_url=sqlite_url, pool_floor=100, pool_ceiling=100)
+    new_pool = Pool(connect(after))
+    assert new_pool.redis.pttl(new_pool.tag(TAG).lock) > 20_000  # the orphaned lock
+    new_pool.redis.delete(new_pool.tag(TAG).ids)  # drained meanwhile
+    result = SegmentRefiller(new_pool, store, after).refill(TAG)
+    took = time.monotonic() - promoted
+    assert not result.skipped and result.pushed == 100, result
+    with pytest.raises(StaleWrite) as refused:
+        new_pool.push(TAG, holder.token, Range(5000, 5010), 10, 0)
+    assert refused.value.code == scripts.LOCK_LOST
+    ids = [int(i) for i in new_pool.redis.lrange(new_pool.tag(TAG).ids, 0, -1)]
+    assert ids == list(range(ids[0], ids[0] + 100)) and ids[0] > 100  # above all handed out
+    print(f"failover with the lock held: the tag refilled {took * 1000:.0f} ms after the "
+          "promotion")

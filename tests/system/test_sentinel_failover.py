@@ -1,9 +1,11 @@
 """Redis Sentinel end to end: 1 master, 2 replicas, 3 sentinels; a Celery worker and beat
 (pools and broker through the sentinels) refill while 4 client processes take IDs with
 replica-acknowledged pops; the master is SIGKILLed mid-run. Every ID handed out is
-unique, each client's IDs are strictly increasing, and pops resume (the pause is printed:
-7.2 s measured on this machine, against a 10 s target; the refill lock's TTL bounds it
-when a refill held the tag's lock at the kill, see LOCK_TTL_S)."""
+unique, each client's IDs are strictly increasing, and pops resume (the pause is printed,
+from the kill and from the promotion). A refill that held the tag's lock at the kill, or
+the beat that held the beat lock, no longer holds the tag up for the lock's TTL: the
+promoted replica's lock names the former master's replication ID and the next refill (or
+beat) takes it over (docs/design.md §3.1)."""
 
 from __future__ import annotations
 
@@ -27,12 +29,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 CELERY = [sys.executable, "-m", "celery", "-A", "workers"]
 PER_CLIENT = 3000
-#: the refill lock's TTL here. A refill that holds a tag's lock when the master dies cannot
-#: release it (the release goes to the dead master), and the promoted replica has the
-#: lock: no refill of that tag runs until it expires (the lock is extended while a refill
-#: runs, so its TTL only bounds a dead holder). Pops resume at the latest this long after
-#: the kill, plus the failover; with the default 30 s the pause measured 30.1 s once
-LOCK_TTL_S = 10
 
 
 def _handed_out(out: Path) -> list[tuple[int, float]]:
@@ -53,8 +49,7 @@ def test_a_master_killed_mid_run_repeats_nothing_and_pops_resume(
     env = leafpool_env(redis_url="redis://sentinel-master/0", redis_sentinels=sentinels,
                        redis_master_name=group.master_name, database_url=sqlite_url,
                        pop_replicas=1, pop_wait_ms=500, empty_wait_seconds=2,
-                       sweep_seconds=0.5, pool_floor=2000, pool_ceiling=2000,
-                       lock_ttl_ms=LOCK_TTL_S * 1000)
+                       sweep_seconds=0.5, pool_floor=2000, pool_ceiling=2000)
     procs: list[Proc] = []
     outs = [tmp_path / f"client{i}.txt" for i in range(4)]
     try:
@@ -73,6 +68,7 @@ def test_a_master_killed_mid_run_repeats_nothing_and_pops_resume(
         killed_at = time.time()
         old.kill()
         group.wait_failover(old)
+        promoted_at = time.time()
         restarts: list[float] = []
 
         def clients_done() -> bool:
@@ -98,12 +94,13 @@ def test_a_master_killed_mid_run_repeats_nothing_and_pops_resume(
     after = sorted(ts for got in per_client for _, ts in got if ts > killed_at)
     before = max(ts for got in per_client for _, ts in got if ts <= killed_at)
     pause = after[0] - before
-    print(f"sentinel failover: pops paused {pause:.1f} s after the master's SIGKILL; "
-          f"worker restarted {len(restarts)} time(s)")
-    # the figure is reported: 0-2.3 s usually; 15 s when the restarted worker's beat waits
-    # for the dead beat's lock (workers/beat.py LOCK_TTL_SECONDS); LOCK_TTL_S when a refill
-    # held the tag's lock at the kill (the two waits run at once). The bound only says pops
-    # must resume, with room for a loaded machine (Sentinel's own failover, the worker's
-    # restart, the remaining replica's resync to the new master before it can acknowledge
-    # pops)
+    resumed = max(0.0, after[0] - promoted_at)  # 0: before the test's poll saw it
+    print(f"sentinel failover: pops paused {pause:.1f} s after the master's SIGKILL, "
+          f"resumed {resumed:.1f} s after the promotion was seen; worker restarted "
+          f"{len(restarts)} time(s)")
+    # the figures are reported, not asserted tight: the pause holds Sentinel's own failover
+    # (down-after and election), the worker's restart when Celery exits on the broker's
+    # failover, and the remaining replica's resync to the new master before it can
+    # acknowledge pops. The bound only says pops must resume, with room for a loaded
+    # machine; no lock's TTL is in it any more
     assert pause < 30, f"pops resumed only after {pause:.1f} s"
