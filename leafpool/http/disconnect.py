@@ -20,9 +20,9 @@ MAX_MESSAGES = 4  # request messages passed over before the answer "still there"
 def client_gone(receive: Receive) -> bool:
     """True when the server already reported the client's connection closed."""
     for _ in range(MAX_MESSAGES):
-        step = receive()
+        step = receive().__await__()  # a coroutine (uvicorn), or another server's awaitable
         try:
-            step.send(None)  # type: ignore[attr-defined]
+            next(step)
         except StopIteration as done:  # answered without waiting
             message = done.value or {}
             if message.get("type") == "http.disconnect":
@@ -30,6 +30,8 @@ def client_gone(receive: Receive) -> bool:
             if message.get("type") == "http.request":
                 continue
             return False
-        step.close()  # type: ignore[attr-defined]  # it would wait: the client is there
+        close = getattr(step, "close", None)
+        if close is not None:
+            close()  # it would wait: the client is there
         return False
     return False
