@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from leafpool.core.config import get_settings
+from leafpool.core.config import get_settings, hide_password
 from leafpool.core.errors import (
     ConfigurationError,
     InvalidArgument,
@@ -83,7 +83,7 @@ def db_init() -> None:
     """Create leaf_alloc (Leaf's DDL) unless it exists."""
     rt = _runtime()
     created = rt.store.init_schema()
-    where = rt.store.engine.url.render_as_string(hide_password=True)
+    where = hide_password(rt.settings.database_url)
     out.print(f"leaf_alloc {'created' if created else 'already exists'} in {where}")
 
 

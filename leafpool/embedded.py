@@ -43,7 +43,7 @@ from types import FrameType
 from urllib.parse import urlparse
 
 from leafpool.children import die_with_parent
-from leafpool.core.config import Settings, default_home
+from leafpool.core.config import Settings, default_home, hide_password
 from leafpool.core.errors import BackendUnavailable, TagExists
 from leafpool.redis.connect import answers, connect
 from leafpool.redis.register import register
@@ -140,11 +140,12 @@ class Embedded:
     def ensure_redis(self) -> None:
         client = connect(self.settings.redis_url, timeout=1.0)
         if answers(client):
-            self.say(f"  redis answers at {self.settings.redis_url}")
+            self.say(f"  redis answers at {hide_password(self.settings.redis_url)}")
             return
         url = urlparse(self.settings.redis_url)
         if url.hostname not in ("127.0.0.1", "localhost"):
-            raise BackendUnavailable(f"redis: nothing answers at {self.settings.redis_url}")
+            raise BackendUnavailable(
+                f"redis: nothing answers at {hide_password(self.settings.redis_url)}")
         binary = shutil.which("redis-server")
         if binary is None:
             raise BackendUnavailable(
@@ -245,7 +246,7 @@ def up(settings: Settings, tag: str = "demo", say: Callable[[str], None] = print
     """Bring up the embedded default, show IDs being served, wait for Ctrl-C (or SIGTERM,
     SIGHUP). Returns the first segment IDs served (none if stopped while starting)."""
     if not settings.database_url.startswith("sqlite"):
-        say(f"  using LEAFPOOL_DATABASE_URL={settings.database_url}")
+        say(f"  using LEAFPOOL_DATABASE_URL={hide_password(settings.database_url)}")
     ids: list[int] = []
     with embedded(settings, say) as env:
         env.ensure_redis()

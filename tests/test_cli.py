@@ -150,3 +150,40 @@ def test_status_holds_the_garbage_collector_off_only_while_it_reads() -> None:
         assert not gc.isenabled()  # a caller that had it off keeps it off
     finally:
         gc.enable()
+
+
+# -- secrets (issue: least privilege): no password is printed, whatever it holds ------------
+
+
+@pytest.mark.parametrize("var, url, secret", [
+    ("LEAFPOOL_REDIS_URL", "redis://u:Ab/Cd+Ef==@127.0.0.1:6379/0", "Ab/Cd+Ef=="),
+    ("LEAFPOOL_REDIS_URL", "redis://u:pw@127.0.0.1:99999/0", "pw@"),
+    ("LEAFPOOL_DATABASE_URL", "mysql+pymysql://l:S3cret@h:abc/x", "S3cret"),
+    ("LEAFPOOL_DATABASE_URL", "mysql+pymysql://l:S3/cret@h:3306/x", "S3/cret"),
+])
+def test_a_malformed_url_is_refused_naming_the_variable_without_its_password(
+    cli: Run, var: str, url: str, secret: str
+) -> None:
+    done = cli("tag", "list", env={var: url})
+    assert done.returncode == 2, done.stderr
+    said = done.stdout + done.stderr
+    assert var in said and secret not in said and "Traceback" not in said
+
+
+def test_a_database_that_cannot_be_opened_is_named_without_its_password(cli: Run) -> None:
+    done = cli("tag", "list", env={"LEAFPOOL_DATABASE_URL": "sqlite://leaf:S3cret@h/x.db"})
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and "S3cret" not in said and "leaf:***@" in said
+
+
+@pytest.mark.parametrize("url", [
+    "redis://u:Ab%2FCd@127.0.0.1:6379/0", "redis://:p@ss:w0rd@h:1/0", "rediss://u:x/y?z#w@h/0",
+    "mysql+pymysql://l:p@h/x?password=p2&ssl=1", "sqlite://leaf:S3cret@h/x.db",
+])
+def test_the_one_masking_function_hides_any_password(url: str) -> None:
+    from leafpool.core.config import hide_password
+
+    shown = hide_password(url)
+    assert "***" in shown
+    for secret in ("Ab%2FCd", "p@ss:w0rd", "x/y?z#w", "p2", "S3cret"):
+        assert secret not in shown

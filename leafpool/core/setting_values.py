@@ -31,9 +31,54 @@ DATABASE_DRIVERS = {
 }
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also takes "²", which ``int`` refuses)."""
+    return text.isascii() and text.isdigit()
+
+
+_QUERY_SECRET = re.compile(r"(?i)((?:password|ssl_password|token)=)[^&;]*")
+
+
 def hide_password(url: str) -> str:
-    """``scheme://user:***@host/...``: a URL fit for a message or a log line."""
-    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+    """``scheme://user:***@host/...``: a URL fit for a message, a log line or a page, the
+    one masking function of leafpool. The user info is everything between ``://`` and the
+    last ``@`` (a password may hold any character, ``/``, ``@`` and ``:`` included, even
+    unencoded); a ``password=`` (or ``token=``) query value is masked too. A URL with an
+    ``@`` after its host loses that part of the host as well: hiding too much, never a
+    secret."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return _QUERY_SECRET.sub(r"\1***", url)
+    at = rest.rfind("@")
+    if at >= 0:
+        user, colon, _ = rest[:at].partition(":")
+        if colon:
+            rest = f"{user}:***@{rest[at + 1:]}"
+    return scheme + sep + _QUERY_SECRET.sub(r"\1***", rest)
+
+
+def _host_part(url: str) -> tuple[str, str]:
+    """(user info, host[:port]) of a URL: the user info is everything up to the last
+    ``@`` before the query."""
+    rest = url.partition("://")[2].split("?", 1)[0]
+    at = rest.rfind("@")
+    return (rest[:at] if at >= 0 else ""), rest[at + 1:].split("/", 1)[0]
+
+
+def _check_host(env: str, url: str) -> None:
+    """A port, when given, is a number from 1 to 65535; a password holding ``/``, ``?`` or
+    ``#`` must be percent-encoded (``%2F``, ``%3F``, ``%23``), or the URL parsers take it
+    for the path, the query or the fragment."""
+    userinfo, host = _host_part(url)
+    if any(c in userinfo for c in "/?#"):
+        raise ConfigurationError(
+            env, hide_password(url),
+            "a URL whose password is percent-encoded: '/' is %2F, '?' %3F, '#' %23")
+    port = host.rsplit("]", 1)[-1].rpartition(":")[2] if ":" in host.rsplit("]", 1)[-1] \
+        else ""
+    if port and not (_digits(port) and 1 <= int(port) <= 65535):
+        raise ConfigurationError(
+            env, hide_password(url), f"a port from 1 to 65535 after the host, not {port!r}")
 
 
 # -- LEAFPOOL_SNOWFLAKE_NAME --------------------------------------------------------------
@@ -64,7 +109,7 @@ def parse_local_map(value: str) -> LocalMap:
     text = value.strip()
     if not text:
         return None
-    if text.isdigit():
+    if _digits(text):
         return _map_worker_id(text, value)
     mapping: dict[str, int] = {}
     owners: dict[int, str] = {}
@@ -95,7 +140,7 @@ def parse_local_map(value: str) -> LocalMap:
 
 
 def _map_worker_id(text: str, value: str) -> int:
-    if not text.isdigit() or int(text) > MAX_WORKER_ID:
+    if not _digits(text) or int(text) > MAX_WORKER_ID:
         raise ConfigurationError(
             LOCAL_MAP_ENV, value,
             f"worker ID {text!r} is not an integer from 0 to {MAX_WORKER_ID}")
@@ -173,6 +218,8 @@ def parse_tokens(value: str) -> TokenPolicy:
 def check_redis_url(url: str) -> str:
     from redis.connection import parse_url  # redis-py's own parser, as from_url uses it
 
+    if "://" in url:
+        _check_host(REDIS_URL_ENV, url)
     try:
         parse_url(url)  # type: ignore[no-untyped-call]
     except (ValueError, TypeError) as exc:
@@ -188,6 +235,8 @@ def check_database_url(url: str) -> str:
     if not sep or scheme not in DATABASE_DRIVERS:
         raise ConfigurationError(DATABASE_URL_ENV, hide_password(url),
                                  f"a SQLite or MySQL/MariaDB SQLAlchemy URL: {allowed}")
+    if not scheme.startswith("sqlite"):
+        _check_host(DATABASE_URL_ENV, url)
     module = DATABASE_DRIVERS[scheme]
     if importlib.util.find_spec(module) is None:
         raise ConfigurationError(
@@ -213,7 +262,7 @@ def parse_sentinels(value: str) -> tuple[tuple[str, int], ...]:
         if not entry:
             continue
         host, sep, port = entry.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        if not sep or not host or not _digits(port) or not 1 <= int(port) <= 65535:
             raise ConfigurationError(SENTINELS_ENV, value,
                                      f"entry {entry!r} is not host:port (port 1 to 65535)")
         out.append((host.strip("[]"), int(port)))
@@ -229,7 +278,7 @@ def parse_pop_replicas(value: str) -> int | str:
     text = value.strip().lower()
     if text == ALL_REPLICAS:
         return ALL_REPLICAS
-    if not text.isdigit() or int(text) > 16:
+    if not _digits(text) or int(text) > 16:
         raise ConfigurationError(POP_REPLICAS_ENV, value,
                                  "a number of replicas from 0 to 16, or 'all'")
     return int(text)

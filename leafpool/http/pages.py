@@ -166,7 +166,7 @@ def _refresh(request: Request) -> int:
     raw = request.query_params.get("refresh")
     if raw is None:
         return DEFAULT_REFRESH_SECONDS
-    if not raw.isdigit() or int(raw) > 3600:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 4 or int(raw) > 3600:  # not "²"
         raise InvalidArgument("refresh", raw, "seconds from 0 (off) to 3600")
     return int(raw)
 

@@ -28,6 +28,7 @@ from leafpool.core.errors import (
     TagExists,
     UnknownTag,
 )
+from leafpool.core.setting_values import hide_password
 from leafpool.core.tags import validate_tag
 from leafpool.database.engine import (
     OWN_TABLES,
@@ -102,7 +103,8 @@ class SegmentStore:
         try:
             return cls(make_engine(url))
         except SQLAlchemyError as exc:
-            raise BackendUnavailable(f"database: cannot open {url!r}: {exc}") from exc
+            raise BackendUnavailable(
+                f"database: cannot open {hide_password(url)!r}: {type(exc).__name__}") from exc
 
     @property
     def dialect(self) -> str:

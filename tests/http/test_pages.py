@@ -43,6 +43,7 @@ def test_cache_page_shows_every_tag_escaped(client: TestClient, r: redis.Redis) 
         assert figure in body, figure
     assert client.get("/cache", params={"refresh": "0"}).text.count('http-equiv="refresh"') == 0
     assert client.get("/cache", params={"refresh": "x"}).status_code == 400
+    assert client.get("/cache?refresh=%C2%B2").status_code == 400  # "²": isdigit, not int
 
 
 def test_one_table_builder_gives_each_mode_its_columns_and_marks_low_pools() -> None:
