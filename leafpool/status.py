@@ -83,7 +83,7 @@ def _opt_float(state: dict[str, str], name: str) -> float | None:
 
 def tag_status(snap: Snapshot) -> TagStatus:
     """The parsed state (plain dict reads: a status of 10,000 tags parses 400,000 fields)."""
-    state = snap.state
+    state, hits = snap.state, snap.hits  # what clients count is in hits (before: state)
     get = state.get
     rate = float(get("rate") or 0.0)
     reserve_size = snap.reserve_size
@@ -104,7 +104,7 @@ def tag_status(snap: Snapshot) -> TagStatus:
         last_refill_result=get("last_refill_result", ""),
         last_error=get("last_error", ""),
         last_error_ms=_opt_int(state, "last_error_ms"),
-        empty_hits=_int(state, "empty_hits"),
+        empty_hits=_int(state, "empty_hits") + _int(hits, "empty_hits"),
         reserve_takes=_int(state, "reserve_takes"),
         pushed_total=_int(state, "pushed_total"),
         refills=_int(state, "refills"),
@@ -116,9 +116,9 @@ def tag_status(snap: Snapshot) -> TagStatus:
         redis_node=get("redis_node", ""),
         failovers=_int(state, "failovers"),
         last_failover_ms=_opt_int(state, "last_failover_ms"),
-        unacked_ids=_int(state, "unacked_ids"),
-        gaps=_int(state, "gaps"),
-        lost_replies=_int(state, "lost_replies"),
+        unacked_ids=_int(state, "unacked_ids") + _int(hits, "unacked_ids"),
+        gaps=_int(state, "gaps") + _int(hits, "gaps"),
+        lost_replies=_int(state, "lost_replies") + _int(hits, "lost_replies"),
         worker_ids=[w for w in get("worker_ids", "").split(",") if w],
         lease_state=get("lease_state", ""),
         backwards_events=_int(state, "backwards_events"),

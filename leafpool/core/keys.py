@@ -35,6 +35,13 @@ class TagKeys:
         return self._key("state")
 
     @property
+    def hits(self) -> str:
+        """Hash of what clients count (``empty_hits``, ``gaps``, ``lost_replies``,
+        ``unacked_ids``): the one key of a tag an application writes, apart from the
+        ``ids`` it pops (docs/design.md §1.2), so ``state`` is the refillers' alone."""
+        return self._key("hits")
+
+    @property
     def lock(self) -> str:
         """Refill lock: SET NX PX with a token, released by compare-and-delete."""
         return self._key("lock")
@@ -45,7 +52,7 @@ class TagKeys:
         return self._key("queued")
 
     def all(self) -> list[str]:
-        return [self.ids, self.reserve, self.state, self.lock, self.queued]
+        return [self.ids, self.reserve, self.state, self.lock, self.queued, self.hits]
 
 
 @dataclass(frozen=True)

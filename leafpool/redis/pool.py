@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from leafpool.core.errors import StaleWrite
+from leafpool.core.errors import LeafpoolError, StaleWrite
 from leafpool.core.keys import Keys
 from leafpool.redis import replicas, scripts
 from leafpool.redis.connect import redis_errors
@@ -172,8 +172,10 @@ class Pool(Pops, ManyTags):
         """Record an empty-pool hit and ask the sweep for a refill of ``tag``."""
         with redis_errors(f"{tag}: want"):
             safely(lambda: self.redis.sadd(self.keys.wanted, tag))
-        state = self.tag(tag).state  # a counter: never repeated
-        self._once(tag, state, [("HINCRBY", state, "empty_hits", 1)], "empty hit", 0)
+        try:  # a counter: never repeated; best effort (another app may have overflowed it)
+            self._record_once(tag, {"empty_hits": 1})
+        except LeafpoolError as exc:
+            log.warning("%s: empty hit not counted: %s", tag, exc)
 
     def take_wanted(self) -> list[str]:
         """The tags clients found empty, taken from the set: read, then removed (both

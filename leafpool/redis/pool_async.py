@@ -53,7 +53,7 @@ class AsyncPool:
         self._take, self._record = registered["take_reserve"], registered["record"]
         self._ids_keys: dict[str, str] = {}
         self._nodes: dict[str, aioredis.Redis] = {}
-        self._counting: set[asyncio.Task[bool]] = set()  # gap counts under way
+        self._counting: set[asyncio.Task[None]] = set()  # gap counts under way
 
     def tag(self, tag: str) -> TagKeys:
         return self.keys.tag(tag)
@@ -100,8 +100,10 @@ class AsyncPool:
     async def want(self, tag: str) -> None:
         with redis_errors(f"{tag}: want"):
             await safely_async(lambda: self.redis.sadd(self.keys.wanted, tag))
-        state = self.tag(tag).state  # a counter: never repeated
-        await self._once(tag, state, [("HINCRBY", state, "empty_hits", 1)], "empty hit", 0)
+        try:  # a counter: never repeated; best effort (another app may have overflowed it)
+            await self._record_once(tag, {"empty_hits": 1})
+        except LeafpoolError as exc:
+            log.warning("%s: empty hit not counted: %s", tag, exc)
 
     async def reserve_head(self, tag: str) -> Range | None:
         with redis_errors(f"{tag}: reserve head"):
@@ -163,19 +165,15 @@ class AsyncPool:
         self._counting.add(task)
         task.add_done_callback(self._counted)
 
-    def _counted(self, task: asyncio.Task[bool]) -> None:
+    def _counted(self, task: asyncio.Task[None]) -> None:
         self._counting.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("gap not counted: %s", task.exception())
 
-    async def _record_once(self, tag: str, counts: dict[str, int]) -> bool:
-        state = self.tag(tag).state
-        args: list[Any] = [0]
-        for name, by in counts.items():
-            args += [name, by]
-        reply = (await self._once(tag, state, [script_command(self._record, [state], args)],
-                                  "record", 0, self._record))[0]
-        return int(reply) == 1
+    async def _record_once(self, tag: str, counts: dict[str, int]) -> None:
+        hits = self.tag(tag).hits
+        await self._once(tag, hits, [("HINCRBY", hits, n, by) for n, by in counts.items()],
+                         "count", 0)
 
     async def _refresh(self) -> None:
         if isinstance(self.redis, AsyncRedisCluster):  # read the slot map again

@@ -54,6 +54,7 @@ class Snapshot:
     reserve: list[Range]
     state: dict[str, str] = field(default_factory=dict)
     locked: bool = False
+    hits: dict[str, str] = field(default_factory=dict)  # what clients count (``hits`` key)
 
     @property
     def known(self) -> bool:
@@ -111,7 +112,7 @@ def _decode_map(raw: Mapping[bytes, bytes]) -> dict[str, str]:
         return {text(k): text(v) for k, v in raw.items()}
 
 
-SNAPSHOT_REPLIES = 4
+SNAPSHOT_REPLIES = 5
 
 
 def queue_snapshot(pipe: Any, k: TagKeys) -> None:
@@ -120,12 +121,13 @@ def queue_snapshot(pipe: Any, k: TagKeys) -> None:
     pipe.lrange(k.reserve, 0, -1)
     pipe.hgetall(k.state)
     pipe.exists(k.lock)
+    pipe.hgetall(k.hits)
 
 
 def snapshot_commands(k: TagKeys) -> list[tuple[Any, ...]]:
     """:func:`queue_snapshot`'s commands as raw commands (many tags in one send)."""
     return [("LLEN", k.ids), ("LRANGE", k.reserve, 0, -1), ("HGETALL", k.state),
-            ("EXISTS", k.lock)]
+            ("EXISTS", k.lock), ("HGETALL", k.hits)]
 
 
 def as_map(reply: Any) -> Mapping[Any, Any]:
@@ -137,9 +139,9 @@ def as_map(reply: Any) -> Mapping[Any, Any]:
 
 def snapshot_from(tag: str, replies: Sequence[Any]) -> Snapshot:
     """The :class:`Snapshot` read by :func:`queue_snapshot`'s commands."""
-    length, reserve, state, locked = replies
+    length, reserve, state, locked, hits = replies
     return Snapshot(tag, int(length), [Range.decode(r) for r in reserve], _decode_map(state),
-                    bool(locked))
+                    bool(locked), _decode_map(as_map(hits)))
 
 
 def register_scripts(client: Any) -> dict[str, Any]:

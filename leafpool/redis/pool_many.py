@@ -95,7 +95,8 @@ class ManyTags:
         n = SNAPSHOT_REPLIES
         raw = self._pipelined("snapshots", tags, lambda tag: snapshot_commands(self.tag(tag)))
         return [
-            snapshot_from(tag, (raw[i], raw[i + 1], as_map(raw[i + 2]), raw[i + 3]))
+            snapshot_from(tag, (raw[i], raw[i + 1], as_map(raw[i + 2]), raw[i + 3],
+                                raw[i + 4]))
             for tag, i in zip(tags, range(0, n * len(tags), n), strict=True)
         ]
 

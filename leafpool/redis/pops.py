@@ -117,19 +117,15 @@ class Pops:
                         "handed out", tag, ids)
         try:
             self._record_once(tag, gap_counts(ids, lost_reply))
-        except LeafpoolError as exc:
+        except LeafpoolError as exc:  # an overflowing counter too: counts are best effort
             log.warning("%s: gap of %d ID(s) not counted: %s", tag, ids, exc)
 
-    def _record_once(self, tag: str, counts: dict[str, int]) -> bool:
-        """Add ``counts`` to the tag's state while it is registered, never repeated (a
+    def _record_once(self, tag: str, counts: dict[str, int]) -> None:
+        """Add ``counts`` to the tag's ``hits`` (what clients count), never repeated (a
         repeat would count twice)."""
-        state = self.tag(tag).state
-        args: list[Any] = [0]
-        for name, by in counts.items():
-            args += [name, by]
-        reply = self._once(tag, state, [script_command(self._record, [state], args)],
-                           "record", 0, self._record)[0]
-        return int(reply) == 1
+        hits = self.tag(tag).hits
+        self._once(tag, hits, [("HINCRBY", hits, name, by) for name, by in counts.items()],
+                   "count", 0)
 
     # -- pops -----------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ def test_a_tags_keys_share_one_cluster_hash_tag() -> None:
     assert k.ids == "leafpool:{order}:ids"
     assert k.all() == ["leafpool:{order}:ids", "leafpool:{order}:reserve",
                        "leafpool:{order}:state", "leafpool:{order}:lock",
-                       "leafpool:{order}:queued"]
+                       "leafpool:{order}:queued", "leafpool:{order}:hits"]
     assert {key.split("{")[1].split("}")[0] for key in k.all()} == {"order"}
 
 

@@ -296,7 +296,7 @@ def test_a_short_pop_sends_the_requests_left_over_down_the_empty_pool_policy(
         assert all(isinstance(e, PoolEmpty) for e in got[3:]), got
     else:
         assert sorted(got[3:]) == [4, 5, 6]  # type: ignore[type-var]
-    assert r.hget(f"leafpool:{{{TAG}}}:state", "empty_hits") == b"3"
+    assert r.hget(f"leafpool:{{{TAG}}}:hits", "empty_hits") == b"3"
     assert r.sismember("leafpool:wanted", TAG)
     assert llen(r, TAG) == 0
 

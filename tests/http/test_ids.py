@@ -148,7 +148,7 @@ def test_empty_pool_is_503_with_retry_after_after_the_bounded_wait(
     assert int(resp.headers["retry-after"]) >= 1
     assert "order: pool empty after waiting 0.300s" in resp.text
     assert waited >= settings.empty_wait_seconds
-    assert r.hget("leafpool:{order}:state", "empty_hits") == b"1"
+    assert r.hget("leafpool:{order}:hits", "empty_hits") == b"1"
     assert r.sismember("leafpool:wanted", "order")  # the sweep is asked for a refill
     body = client.get("/api/segment/ids/order", params={"count": "2"}).json()
     assert body["error"] == "pool_empty"

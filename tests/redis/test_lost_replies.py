@@ -87,8 +87,9 @@ def _filled(r: redis.Redis, n: int = N) -> Pool:
 
 def _counts(r: redis.Redis) -> dict[str, int]:
     state = {k.decode(): v.decode() for k, v in r.hgetall(f"leafpool:{{{TAG}}}:state").items()}
-    return {"pushed": int(state.get("pushed_total", 0)), "gaps": int(state.get("gaps", 0)),
-            "lost": int(state.get("lost_replies", 0)),
+    hits = {k.decode(): v.decode() for k, v in r.hgetall(f"leafpool:{{{TAG}}}:hits").items()}
+    return {"pushed": int(state.get("pushed_total", 0)), "gaps": int(hits.get("gaps", 0)),
+            "lost": int(hits.get("lost_replies", 0)),
             "ready": int(r.llen(f"leafpool:{{{TAG}}}:ids"))}
 
 
@@ -322,7 +323,7 @@ def test_a_counter_whose_reply_was_lost_is_not_counted_twice(
     with pytest.raises(ReplyLost):
         pool.record(TAG, counts={"refills": 1})
     assert rule.fired.is_set()
-    assert r.hget(pool.tag(TAG).state, "refills") == b"1"
+    assert r.hget(pool.tag(TAG).state, "refills") == b"1"  # counted once, not twice
 
 
 def test_a_drop_and_a_queued_marker_repeated_after_a_lost_reply(
@@ -453,7 +454,7 @@ def test_an_http_client_gone_after_its_pop_is_a_counted_gap(
                             "the request waiting in BLPOP")
         sock.close()
         r.rpush(pool.tag(TAG).ids, 1, 2)
-        services.wait_until(lambda: r.hget(pool.tag(TAG).state, "gaps") == b"1", 30,
+        services.wait_until(lambda: r.hget(pool.tag(TAG).hits, "gaps") == b"1", 30,
                             "the ID popped for the gone client counted")
         assert held.fired.is_set()
         with socket.create_connection(("127.0.0.1", port), timeout=10) as again:

@@ -265,5 +265,5 @@ def test_a_pop_below_low_water_is_refilled_by_the_beats_watcher_without_a_sweep(
     refills = _refills(r, "order")
     r.lpop("leafpool:{order}:ids", 501)  # 499 left: below the low-water mark (500)
     services.wait_until(lambda: _refills(r, "order") > refills, 60, "refill after the drop")
-    assert r.hget("leafpool:{order}:state", "empty_hits") is None
+    assert r.hget("leafpool:{order}:hits", "empty_hits") is None
     services.wait_until(_has_ids(r, "order", 1000), 60, "order full again")
