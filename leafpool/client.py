@@ -99,6 +99,8 @@ class Client(_Base):
         self._monotonic = monotonic
         if s.pop_replicas_required != 0:
             self.pool.require_replicas(s.pop_replicas_required, s.pop_wait_ms)
+        if self.policy == "reserve":  # refused now for a user of the app role, not later
+            self.pool.check_reserve_rights()
 
     def next_id(self, tag: str) -> int:
         if self.pool.acks:
@@ -201,13 +203,16 @@ class AsyncClient(_Base):
         self.pool = AsyncPool(self.redis, s.key_prefix)
         self._replicas = s.pop_replicas_required
         self._wait_ms = s.pop_wait_ms
-        self._started = self._replicas == 0
+        self._started = self._replicas == 0 and self.policy != "reserve"
 
     async def start(self) -> None:
         """Check the replicas a pop must wait for (``LEAFPOOL_POP_REPLICAS``) now, not at
         the first pop; the first pop does it otherwise (once)."""
         if not self._started:
-            await self.pool.require_replicas(self._replicas, self._wait_ms)
+            if self._replicas != 0:
+                await self.pool.require_replicas(self._replicas, self._wait_ms)
+            if self.policy == "reserve":  # refused for a user of the app role
+                await self.pool.check_reserve_rights()
             self._started = True
 
     async def next_id(self, tag: str) -> int:
@@ -284,6 +289,7 @@ class AsyncClient(_Base):
         if self.policy == "raise":
             raise PoolEmpty(tag, partial=got)
         if self.policy == "reserve":
+            await self.start()
             got += await self._from_reserve(tag, n - len(got))
             if len(got) == n:
                 return got

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -34,7 +34,15 @@ from leafpool.redis.pool_common import (
     take_result,
     text,
 )
-from leafpool.redis.pops import GAPS, UNACKED, check_replies, gap_counts, script_command
+from leafpool.redis.pops import (
+    GAPS,
+    RESERVE_PROBE_TAG,
+    UNACKED,
+    check_replies,
+    gap_counts,
+    no_rights,
+    script_command,
+)
 from leafpool.redis.retries import safely_async, send_once_async
 
 log = logging.getLogger(__name__)
@@ -127,7 +135,8 @@ class AsyncPool:
     # -- sending once (docs/design.md §7.2; see leafpool.redis.pops) --------------------------
 
     async def _once(self, tag: str, key: str, commands: list[tuple[Any, ...]], what: str,
-                    at_stake: int, script: Any = None) -> list[Any]:
+                    at_stake: int, script: Any = None,
+                    refused: Callable[[Any], None] | None = None) -> list[Any]:
         for attempt in range(3):
             node = self._node_of(key)
             lost = (lambda: self._count_gap_later(tag, at_stake)) if at_stake else None
@@ -146,9 +155,20 @@ class AsyncPool:
                 with redis_errors(f"{tag}: SCRIPT LOAD"):
                     await safely_async(lambda n=node: n.script_load(script.script))  # type: ignore[misc]
                 continue
+            if refused is not None:
+                for reply in replies:
+                    refused(reply)
             check_replies(replies, f"{tag}: {what}")
             return replies
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def check_reserve_rights(self) -> None:
+        """As :meth:`leafpool.redis.pops.Pops.check_reserve_rights`."""
+        k = self.tag(RESERVE_PROBE_TAG)
+        take = script_command(self._take, [k.ids, k.reserve, k.state],
+                              Range(1, 2).take_args(1))
+        await self._once(RESERVE_PROBE_TAG, k.ids, [take], "reserve rights", 0, self._take,
+                         refused=no_rights)
 
     def _count_gap_later(self, tag: str, ids: int) -> None:
         """A pop's reply was lost or its caller cancelled once it was sent: count what it

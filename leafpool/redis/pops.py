@@ -18,12 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
 
-from leafpool.core.errors import BackendUnavailable, LeafpoolError, ReplicasBehind, ReplyLost
+from leafpool.core.errors import (
+    BackendUnavailable,
+    ConfigurationError,
+    LeafpoolError,
+    ReplicasBehind,
+    ReplyLost,
+)
 from leafpool.core.keys import Keys, TagKeys
 from leafpool.redis import replicas
 from leafpool.redis.connect import redis_errors, wrap
@@ -52,6 +58,23 @@ def check_replies(replies: Sequence[Any], what: str) -> None:
 
 def script_command(script: Any, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
     return ("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+#: a name no tag can have (a space: refused by core.tags), so its keys never exist and
+#: the probe take writes nothing
+RESERVE_PROBE_TAG = "reserve rights probe"
+EMPTY_POLICY_ENV = "LEAFPOOL_EMPTY_POLICY"
+
+
+def no_rights(reply: Any) -> None:
+    """Raise ConfigurationError when ``reply`` is a refusal of the user's rights."""
+    if isinstance(reply, redis.exceptions.NoPermissionError) or (
+            isinstance(reply, redis.ResponseError) and "NOPERM" in str(reply)):
+        raise ConfigurationError(
+            EMPTY_POLICY_ENV, "reserve",
+            "raise or wait for this Redis user: the reserve policy reads and writes the "
+            "tag's reserve and state (take_reserve.lua), which the app role may not; run it "
+            f"as the admin or worker role, or choose another policy (Redis said: {reply})")
 
 
 def _load(node: Any, script: Any, tag: str) -> None:
@@ -83,7 +106,8 @@ class Pops:
     # -- sending once -----------------------------------------------------------------------
 
     def _once(self, tag: str, key: str, commands: list[tuple[Any, ...]], what: str,
-              at_stake: int, script: Any = None) -> list[Any]:
+              at_stake: int, script: Any = None,
+              refused: Callable[[Any], None] | None = None) -> list[Any]:
         """``commands`` on the node holding ``key``, never repeated once sent; ``at_stake``
         IDs are counted as a gap when the reply is lost. A command refused before it ran
         (MOVED, ASK: the slot moved; NOSCRIPT: the script cache was emptied) is sent again
@@ -105,6 +129,9 @@ class Pops:
             if attempt < 2 and noscript and script is not None:
                 _load(node, script, tag)
                 continue
+            if refused is not None:
+                for reply in replies:
+                    refused(reply)
             check_replies(replies, f"{tag}: {what}")
             return replies
         raise AssertionError("unreachable")  # pragma: no cover
@@ -174,6 +201,19 @@ class Pops:
             return taken
         code = self._once(tag, k.ids, [take], "take reserve", count, self._take)[0]
         return take_result(head, count, int(code))
+
+    def check_reserve_rights(self) -> None:
+        """The ``reserve`` policy takes IDs through ``take_reserve.lua``, which reads and
+        writes the reserve and the state: a Redis user of the ``app`` role may not
+        (docs/design.md §1.2). Asked once, at start, with a take that writes nothing (a
+        probe tag with no reserve); a refusal of the user's rights raises
+        :class:`ConfigurationError` naming ``LEAFPOOL_EMPTY_POLICY``."""
+        k = self.tag(RESERVE_PROBE_TAG)
+        take = script_command(self._take, [k.ids, k.reserve, k.state],
+                              Range(1, 2).take_args(1))
+        reply = self._once(RESERVE_PROBE_TAG, k.ids, [take], "reserve rights", 0, self._take,
+                           refused=no_rights)[0]
+        no_rights(reply)
 
     # -- replica-acknowledged pops (docs/design.md §7.1) ------------------------------------
 

@@ -28,6 +28,7 @@ Retrying after a lost reply (the script may or may not have run):
 
 from __future__ import annotations
 
+import hashlib
 import re
 from functools import cache
 from pathlib import Path
@@ -66,6 +67,11 @@ def source(name: str) -> str:
     """The text of ``leafpool/redis/lua/<name>.lua``, its ``-- @include`` lines replaced by
     the helpers of ``leafpool/redis/lua/lib/``."""
     return expand((LUA_DIR / f"{name}.lua").read_text())
+
+
+def sha1(name: str) -> str:
+    """The SHA-1 Redis knows the script ``name`` by (EVALSHA)."""
+    return hashlib.sha1(source(name).encode()).hexdigest()
 
 
 def expand(text: str) -> str:

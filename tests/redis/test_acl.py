@@ -1,0 +1,211 @@
+"""The Redis roles (leafpool/redis/acl.py, docs/design.md §1.2) loaded into a real
+redis-server from an ACL file, as ``leafpool redis acl`` prints it: every part of leafpool
+works under its role and Redis logs no denial; an application holding the ``app`` role
+tries every command its ACL allows on every pool key and cannot hand out an ID twice, make
+a refill fail or keep a pool empty; what it may not send is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from leafpool.client import AsyncClient, Client
+from leafpool.core.config import load_settings
+from leafpool.core.errors import ConfigurationError, PoolEmpty
+from leafpool.housekeeping.sweep import sweep
+from leafpool.housekeeping.sync import sync_tags
+from leafpool.metrics import make_registry, render
+from leafpool.redis import acl, scripts
+from leafpool.redis.connect import connect
+from leafpool.redis.pool import Pool
+from leafpool.segment.refiller import SegmentRefiller
+from leafpool.segment.store import SegmentStore
+from leafpool.status import pool_status
+from tests.support import services
+
+TAG = "order"
+ROLES = {role: f"pw-{role}-x/y@z" for role in acl.ROLES}  # a password needing encoding
+
+
+@pytest.fixture(scope="module")
+def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[services.Server]:
+    path = tmp_path_factory.mktemp("acl") / "users.acl"
+    lines = [acl.user_line(f"leafpool-{role}", role, pw) for role, pw in ROLES.items()]
+    lines.append("user default on nopass ~* &* +@all")  # the test's own view
+    path.write_text("\n".join(lines) + "\n")
+    server = services.redis_server(extra_args=["--aclfile", str(path)])
+    yield server
+    server.stop()
+
+
+def _url(server: services.Server, role: str) -> str:
+    port = server.extra["url"].rsplit(":", 1)[1].split("/")[0]
+    password = ROLES[role].replace("/", "%2F").replace("@", "%40")
+    return f"redis://leafpool-{role}:{password}@127.0.0.1:{port}/0"
+
+
+@pytest.fixture
+def root(acl_server: services.Server) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(acl_server.extra["url"])
+    client.flushall()
+    client.acl_log_reset()
+    yield client
+    client.close()
+
+
+def _worker(acl_server: services.Server, sqlite_url: str, **overrides: object
+            ) -> tuple[SegmentRefiller, Pool, SegmentStore]:
+    settings = load_settings(redis_url=_url(acl_server, "worker"), database_url=sqlite_url,
+                             pool_floor=100, pool_ceiling=100, **overrides)
+    store = SegmentStore.from_url(sqlite_url)
+    store.init_schema()
+    pool = Pool(connect(settings))
+    return SegmentRefiller(pool, store, settings), pool, store
+
+
+def _denials(root: redis.Redis) -> list[str]:
+    return [f"{e.get('username')}: {e.get('object')} ({e.get('reason')})"
+            for e in root.acl_log()]
+
+
+def test_every_role_is_a_user_of_the_acl_file(root: redis.Redis) -> None:
+    users = set(root.acl_users())
+    assert {f"leafpool-{role}" for role in acl.ROLES} <= {u.decode() if isinstance(u, bytes)
+                                                           else u for u in users}
+
+
+def test_each_part_of_leafpool_works_under_its_role_and_redis_denies_nothing(
+    acl_server: services.Server, root: redis.Redis, sqlite_url: str
+) -> None:
+    refiller, pool, store = _worker(acl_server, sqlite_url)
+    store.add_tag(TAG, step=1000)
+    sync_tags(pool, store)  # worker: the tag sync registers the tag
+    assert refiller.refill(TAG).pushed == 100
+    # app: pops under raise and wait, sync and asyncio
+    app = load_settings(redis_url=_url(acl_server, "app"), database_url=sqlite_url,
+                        empty_wait_seconds=0.2)
+    raising = Client(settings=app, policy="raise")
+    got = [raising.next_id(TAG), *raising.next_ids(TAG, 98)]
+    waiting = Client(settings=app, policy="wait")
+    got.append(waiting.next_id(TAG))
+    with pytest.raises(PoolEmpty):  # known, signalled, counted, then the policy
+        raising.next_id(TAG)
+    with pytest.raises(PoolEmpty):
+        waiting.next_id(TAG)
+
+    async def async_pops() -> list[int]:
+        client = AsyncClient(settings=app, policy="raise")
+        try:
+            with pytest.raises(PoolEmpty):
+                await client.next_id(TAG)
+            assert sweep(pool, 30)  # worker: the wanted tag is due
+            refiller.refill(TAG, force=True)
+            return [await client.next_id(TAG), *await client.next_ids(TAG, 10)]
+        finally:
+            await client.aclose()
+
+    got += asyncio.run(async_pops())
+    assert got == sorted(set(got)) and len(got) == 111
+    # monitor: status and metrics, read only
+    monitor = Pool(connect(load_settings(redis_url=_url(acl_server, "monitor"))))
+    (status,) = pool_status(monitor)
+    assert status.empty_hits == 3 and status.pushed_total == 200
+    assert b"leafpool_up 1.0" in render(make_registry(monitor))
+    # admin: the CLI's writes
+    admin = Pool(connect(load_settings(redis_url=_url(acl_server, "admin"))))
+    admin.register("other", "segment", 0)
+    assert admin.drop("other")
+    assert _denials(root) == []
+
+
+def test_the_reserve_policy_is_refused_at_start_for_the_app_role(
+    acl_server: services.Server, root: redis.Redis, sqlite_url: str
+) -> None:
+    app = load_settings(redis_url=_url(acl_server, "app"), database_url=sqlite_url)
+    with pytest.raises(ConfigurationError) as refused:
+        Client(settings=app, policy="reserve")
+    assert "LEAFPOOL_EMPTY_POLICY" in str(refused.value)
+
+    async def start() -> None:
+        client = AsyncClient(settings=app, policy="reserve")
+        try:
+            await client.start()
+        finally:
+            await client.aclose()
+
+    with pytest.raises(ConfigurationError):
+        asyncio.run(start())
+    worker = load_settings(redis_url=_url(acl_server, "admin"), database_url=sqlite_url)
+    Client(settings=worker, policy="reserve").close()  # a role that may: no refusal
+
+
+# -- an application holding the app role, careless or hostile -------------------------------
+
+
+def _keys(tag: str) -> list[str]:
+    k = Pool(redis.Redis()).tag(tag)  # names only
+    return [*k.all(), "leafpool:tags", "leafpool:wanted", "leafpool:beat:lock",
+            f"leafpool:{{{tag}}}:ids:hits", "other:key"]
+
+
+def _attempts(key: str) -> list[tuple[object, ...]]:
+    """Every command the app role may send, and a few it may not, with hostile
+    arguments, against ``key``."""
+    sha = [scripts.sha1(name) for name in ("push_ids", "take_reserve", "record", "drop",
+                                           "lock_acquire", "lock_release")]
+    return [
+        ("LPOP", key), ("LPOP", key, 100_000), ("BLPOP", key, "0.01"),
+        ("SISMEMBER", key, TAG), ("SADD", key, TAG, "junk", "{x}"),
+        ("HINCRBY", key, "hwm", 10**15), ("HINCRBY", key, "empty_hits", 2**63 - 1),
+        ("HINCRBY", key, "gaps", -5), ("WAIT", 0, 1), ("INFO", "replication"),
+        ("RPUSH", key, "1"), ("LSET", key, 0, "1:2"), ("HSET", key, "hwm", "0"),
+        ("DEL", key), ("SET", key, "x"), ("EXPIRE", key, 1), ("RENAME", key, "x"),
+        ("LPUSH", key, "7"), ("SREM", key, TAG), ("SPOP", key),
+        *(("EVALSHA", s, 1, key, "x") for s in sha), ("EVAL", "return 1", 0),
+        ("SCRIPT", "FLUSH"), ("FLUSHALL",), ("CONFIG", "SET", "maxmemory", "1"),
+        ("CLIENT", "KILL", "TYPE", "normal"), ("ACL", "SETUSER", "x", "on"),
+    ]
+
+
+def test_an_app_role_user_cannot_repeat_stall_or_starve_a_pool(
+    acl_server: services.Server, root: redis.Redis, sqlite_url: str
+) -> None:
+    refiller, pool, store = _worker(acl_server, sqlite_url)
+    store.add_tag(TAG, step=1000)
+    sync_tags(pool, store)
+    assert refiller.refill(TAG).pushed == 100
+    app = redis.Redis.from_url(_url(acl_server, "app"))
+    handed: list[int] = [int(x) for x in app.lpop(f"leafpool:{{{TAG}}}:ids", 10) or []]
+    allowed = refused = 0
+    for key in itertools.chain(_keys(TAG), _keys("other")):
+        for command in _attempts(key):
+            try:
+                reply = app.execute_command(*command)
+            except redis.exceptions.NoPermissionError:
+                refused += 1
+                continue
+            except redis.ResponseError:  # allowed, and refused by the type or the value
+                allowed += 1
+                continue
+            allowed += 1
+            if command[0] in ("LPOP", "BLPOP") and reply:  # the IDs it took are its own
+                values = reply if isinstance(reply, list) else [reply]
+                handed += [int(v) for v in values if isinstance(v, bytes) and v.isdigit()]
+    assert allowed and refused
+    # the worker goes on as if nothing happened: the sweep finds the tag due, the refill
+    # succeeds, and everything the application takes is new and in order
+    assert TAG in {tag for tag, _, _ in sweep(pool, 30)}
+    result = refiller.refill(TAG, force=True)
+    assert result.pushed > 0 and not result.skipped
+    after = [int(x) for x in app.lpop(f"leafpool:{{{TAG}}}:ids", 50) or []]
+    assert after and after[0] > max(handed)
+    everything = handed + after
+    assert len(everything) == len(set(everything)), "an ID was handed out twice"
+    assert after == sorted(after)
+    denied = {entry.get("username") for entry in root.acl_log(count=1000)}
+    assert denied <= {"leafpool-app"}  # the worker was denied nothing
+    app.close()
