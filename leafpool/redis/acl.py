@@ -30,9 +30,8 @@ from leafpool.core.errors import InvalidArgument
 
 ROLES = ("app", "worker", "monitor", "http", "admin")
 
-#: what every client sends on connecting (redis-py: AUTH, HELLO, SELECT; its CLIENT SETINFO, a Redis 7.2 command, is left
-#: out: redis-py goes on when it is refused)
-#: and its health checks
+#: what every client sends on connecting (redis-py: AUTH, HELLO, SELECT) and its health
+#: checks; redis-py's CLIENT SETINFO (Redis 7.2) is left out: redis-py goes on without it
 _CONNECT = "+auth +hello +client|setname +select +ping +reset +quit"
 _READS = ("+llen +lrange +lindex +hgetall +hmget +hget +exists +smembers +sismember +scard "
           "+srandmember +type +multi +exec +discard")
