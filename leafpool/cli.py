@@ -12,21 +12,18 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator
-from functools import wraps
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from leafpool.core.config import get_settings, hide_password
+from leafpool.cli_common import err, out, reports_errors, runtime
+from leafpool.cli_setup import db_app, redis_app
+from leafpool.core.config import get_settings
 from leafpool.core.errors import (
     ConfigurationError,
     InvalidArgument,
-    InvalidInput,
     LeafpoolError,
-    TagExists,
-    UnknownTag,
 )
 from leafpool.core.tags import validate_tag
 from leafpool.redis.register import register
@@ -43,49 +40,10 @@ from leafpool.status import (
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="leafpool: distributed IDs from pre-generated Redis pools.")
-db_app = typer.Typer(no_args_is_help=True, help="The segment store (leaf_alloc).")
 tag_app = typer.Typer(no_args_is_help=True, help="Business tags.")
 app.add_typer(db_app, name="db")
+app.add_typer(redis_app, name="redis")
 app.add_typer(tag_app, name="tag")
-
-out = Console()
-err = Console(stderr=True)
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def reports_errors(fn: F) -> F:
-    """Turn leafpool errors into one red line and an exit code."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (InvalidInput, ConfigurationError, UnknownTag, TagExists) as exc:
-            err.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
-            raise typer.Exit(2) from exc
-        except LeafpoolError as exc:
-            err.print(f"[red]error:[/red] {exc}", highlight=False)
-            raise typer.Exit(1) from exc
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _runtime() -> Runtime:
-    return Runtime(get_settings())
-
-
-# -- db -------------------------------------------------------------------------------
-
-@db_app.command("init")
-@reports_errors
-def db_init() -> None:
-    """Create leaf_alloc (Leaf's DDL) unless it exists."""
-    rt = _runtime()
-    created = rt.store.init_schema()
-    where = hide_password(rt.settings.database_url)
-    out.print(f"leaf_alloc {'created' if created else 'already exists'} in {where}")
-
 
 # -- tags -----------------------------------------------------------------------------
 
@@ -111,7 +69,7 @@ def tag_add(
     description: Annotated[str | None, typer.Option(help="Free text")] = None,
 ) -> None:
     """Add a tag: segment mode (needs --step) or snowflake mode."""
-    rt = _runtime()
+    rt = runtime()
     if mode == "snowflake":
         if step is not None:
             raise InvalidArgument("step", step, "not used by snowflake tags; leave it out")
@@ -136,7 +94,7 @@ def tag_list(
     as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,
 ) -> None:
     """List the tags: leaf_alloc (segment) and leafpool_snowflake_tag (snowflake)."""
-    store = _runtime().store
+    store = runtime().store
     rows: list[dict[str, object]] = [{"mode": "segment", **r.__dict__}
                                      for r in store.list_tags()]
     rows += [{"mode": "snowflake", "tag": t} for t in store.list_snowflake_tags()]
@@ -155,7 +113,7 @@ def tag_list(
 def tag_step(tag: str, step: int) -> None:
     """Change a tag's step (the floor of the dynamic step)."""
     validate_tag(tag)
-    rt = _runtime()
+    rt = runtime()
     rt.store.set_step(tag, step)
     with contextlib.suppress(LeafpoolError):
         rt.pool.record(tag, table_step=step)
@@ -167,7 +125,7 @@ def tag_step(tag: str, step: int) -> None:
 def tag_remove(tag: str) -> None:
     """Remove a tag from the database and drop its pool."""
     validate_tag(tag)
-    rt = _runtime()
+    rt = runtime()
     if not rt.store.remove_snowflake_tag(tag):
         try:  # the database's max_id covers every ID the pool holds, unless the row was
             mark = rt.pool.snapshot(tag).floor  # re-created lower by hand
@@ -195,7 +153,7 @@ def status(
     watch: Annotated[float, typer.Option(help="Refresh every N seconds (0: once)")] = 0.0,
 ) -> None:
     """Per tag: list length vs target, reserve, step, max_id, rate, time left, last refill."""
-    rt = _runtime()
+    rt = runtime()
     while True:
         with _collector_paused():
             _print_status(pool_status(rt.pool), as_json, clear=bool(watch))
@@ -244,7 +202,7 @@ def refill(
 ) -> None:
     """Refill one tag now, in this process (no Celery needed)."""
     validate_tag(tag)
-    result = _runtime().refiller.refill(tag, force=force)
+    result = runtime().refiller.refill(tag, force=force)
     out.print(f"{tag}: {result.summary()}")
 
 
@@ -254,7 +212,7 @@ def sync() -> None:
     """Sync the pool's tags with leaf_alloc now (what the beat does every minute)."""
     from leafpool.housekeeping.sync import sync_tags
 
-    rt = _runtime()
+    rt = runtime()
     result = sync_tags(rt.pool, rt.store)
     out.print(f"{result.total} tags; added {result.added or '-'}; removed {result.removed or '-'}")
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -33,8 +36,16 @@ ROLES = {role: f"pw-{role}-x/y@z" for role in acl.ROLES}  # a password needing e
 
 @pytest.fixture(scope="module")
 def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[services.Server]:
-    path = tmp_path_factory.mktemp("acl") / "users.acl"
-    lines = [acl.user_line(f"leafpool-{role}", role, pw) for role, pw in ROLES.items()]
+    home = tmp_path_factory.mktemp("acl")
+    path = home / "users.acl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
+    env.update({f"LEAFPOOL_ACL_{role.upper()}_PASSWORD": pw for role, pw in ROLES.items()})
+    env.update(LEAFPOOL_HOME=str(home), COLUMNS="80")  # narrow: the lines must not wrap
+    printed = subprocess.run([sys.executable, "-m", "leafpool.cli", "redis", "acl"],
+                             env=env, capture_output=True, text=True, timeout=60, check=True)
+    lines = printed.stdout.splitlines()
+    assert len(lines) == len(acl.ROLES) and all(pw not in printed.stdout
+                                                for pw in ROLES.values())
     lines.append("user default on nopass ~* &* +@all")  # the test's own view
     path.write_text("\n".join(lines) + "\n")
     server = services.redis_server(extra_args=["--aclfile", str(path)])

@@ -1,0 +1,56 @@
+"""The CLI's setup commands: ``leafpool db init`` (the one DDL path) and ``leafpool redis
+acl`` (the Redis roles as an ACL file, docs/design.md §1.2)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from leafpool.cli_common import out, reports_errors, runtime
+from leafpool.core.config import get_settings, hide_password
+from leafpool.redis import acl
+
+db_app = typer.Typer(no_args_is_help=True, help="The segment store (leaf_alloc).")
+redis_app = typer.Typer(no_args_is_help=True, help="Redis: the roles' ACL.")
+
+
+@db_app.command("init")
+@reports_errors
+def db_init() -> None:
+    """Create leaf_alloc (Leaf's DDL) unless it exists, and leafpool's own tables."""
+    rt = runtime()
+    created = rt.store.init_schema()
+    where = hide_password(rt.settings.database_url)
+    out.print(f"leaf_alloc {'created' if created else 'already exists'} in {where}")
+
+
+def _password(role: str) -> str:
+    return f"LEAFPOOL_ACL_{role.upper()}_PASSWORD"
+
+
+@redis_app.command("acl")
+@reports_errors
+def redis_acl(
+    roles: Annotated[list[str] | None, typer.Argument(
+        help=f"roles to print (default: all of {', '.join(acl.ROLES)})")] = None,
+    user_prefix: Annotated[str, typer.Option(help="user name = prefix + role")] = "leafpool-",
+    broker_prefix: Annotated[str, typer.Option(
+        help="the Celery broker's key prefix (kombu's global_keyprefix)")] = "leafpool-broker",
+) -> None:
+    """Print the roles as lines of a Redis ACL file (users.acl), each password read from
+    LEAFPOOL_ACL_<ROLE>_PASSWORD and written as its SHA-256."""
+    import os
+
+    from leafpool.core.errors import ConfigurationError
+
+    prefix = get_settings().key_prefix
+    for role in roles or acl.ROLES:
+        name = _password(role)
+        if role not in acl.ROLES:
+            acl.rules(role)  # raises InvalidArgument naming the roles
+        secret = os.environ.get(name, "")
+        if not secret:
+            raise ConfigurationError(name, "", f"the password of the {role} role's Redis user")
+        out.print(acl.user_line(f"{user_prefix}{role}", role, secret, prefix, broker_prefix),
+                  highlight=False, soft_wrap=True)
