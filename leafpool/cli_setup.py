@@ -1,5 +1,6 @@
-"""The CLI's setup commands: ``leafpool db init`` (the one DDL path) and ``leafpool redis
-acl`` (the Redis roles as an ACL file, docs/design.md §1.2)."""
+"""The CLI's setup commands: ``leafpool db init`` (the one DDL path), ``leafpool db
+grants`` (each role's GRANT statements) and ``leafpool redis acl`` (the Redis roles as an
+ACL file), docs/design.md §1.2."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import typer
 
 from leafpool.cli_common import out, reports_errors, runtime
 from leafpool.core.config import get_settings, hide_password
+from leafpool.database import grants
 from leafpool.redis import acl
 
 db_app = typer.Typer(no_args_is_help=True, help="The segment store (leaf_alloc).")
@@ -23,6 +25,22 @@ def db_init() -> None:
     created = rt.store.init_schema()
     where = hide_password(rt.settings.database_url)
     out.print(f"leaf_alloc {'created' if created else 'already exists'} in {where}")
+
+
+@db_app.command("grants")
+@reports_errors
+def db_grants(
+    roles: Annotated[list[str] | None, typer.Argument(
+        help=f"roles to print (default: all of {', '.join(grants.ROLES)})")] = None,
+    user_prefix: Annotated[str, typer.Option(help="user name = prefix + role")] = "leafpool-",
+    host: Annotated[str, typer.Option(help="the users' host part")] = "%",
+) -> None:
+    """Print the GRANT statements each role needs on the database of
+    LEAFPOOL_DATABASE_URL (MySQL/MariaDB); create the users first."""
+    database = grants.database_of(get_settings().database_url)
+    for role in roles or grants.ROLES:
+        for line in grants.grants(role, database, f"{user_prefix}{role}", host):
+            out.print(line, highlight=False, soft_wrap=True)
 
 
 def _password(role: str) -> str:

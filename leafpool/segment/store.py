@@ -16,23 +16,25 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, Engine, Table, func, inspect, select, text
+from sqlalchemy import Connection, Engine, Table, false, func, inspect, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from leafpool.core.config import MAX_ID, MAX_STEP
 from leafpool.core.errors import (
     BackendUnavailable,
+    ConfigurationError,
     CounterBehind,
     InvalidArgument,
     SegmentExhausted,
     TagExists,
     UnknownTag,
 )
-from leafpool.core.setting_values import hide_password
+from leafpool.core.setting_values import DATABASE_URL_ENV, hide_password
 from leafpool.core.tags import validate_tag
 from leafpool.database.engine import (
     OWN_TABLES,
     ddl_statement,
+    driver_code,
     is_deadlock,
     leaf_alloc,
     make_engine,
@@ -43,6 +45,9 @@ from leafpool.database.engine import (
 from leafpool.segment.step import StepRule
 
 log = logging.getLogger(__name__)
+
+MYSQL_NO_SUCH_TABLE = 1146
+MYSQL_TABLE_DENIED = 1142
 
 FIRST_ID = 1  # IDs start at 1: a Leaf client reads 0 (and below) as a failure result
 
@@ -97,6 +102,7 @@ class SegmentStore:
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
         self._monotonic = monotonic
+        self._seen: set[str] = set()  # own tables found there (``_ensure_own_tables``)
 
     @classmethod
     def from_url(cls, url: str) -> SegmentStore:
@@ -118,8 +124,7 @@ class SegmentStore:
     def init_schema(self) -> bool:
         """Create ``leaf_alloc`` with Leaf's DDL unless it exists (True when created), and
         leafpool's own ``leafpool_snowflake_tag`` and ``leafpool_retired_tag``."""
-        self._own_tables_exist = False  # check again: `db init` may follow a DROP
-        self._ensure_own_tables()
+        self._create_own_tables()  # the one DDL path (`leafpool db init`)
         with self._tx("schema check") as conn:
             if inspect(conn).has_table("leaf_alloc"):
                 return False
@@ -183,23 +188,55 @@ class SegmentStore:
         if found is not None:
             raise TagExists(tag)
 
-    _own_tables_exist = False
+    def _ensure_own_tables(self, *tables: Table, what: str = "check leafpool's tables"
+                           ) -> None:
+        """leafpool's own ``tables`` (all of them by default) are there, checked once per
+        store and table, so no later query has to ask. Only ``leafpool db init`` creates
+        them (:meth:`init_schema`): a refill or the tag sync runs as a database user
+        without CREATE and never tries DDL, and an allocation reads only
+        ``leafpool_retired_tag`` of them. A table missing, or hidden from this user for
+        want of a grant, is a configuration error, not something to repair here: without
+        ``leafpool_retired_tag`` an allocation cannot know the marks of removed tags
+        (G1)."""
+        wanted = [t for t in (tables or OWN_TABLES) if t.name not in self._seen]
+        if not wanted:
+            return
+        missing = [t.name for t in wanted if not self._readable(t, what)]
+        if missing:
+            raise ConfigurationError(
+                DATABASE_URL_ENV, hide_password(self.engine.url.render_as_string(False)),
+                f"a database where `leafpool db init` has run: {', '.join(missing)} is "
+                "missing, or this database user may not read it (`leafpool db grants` "
+                "prints what each role needs)")
+        self._seen |= {t.name for t in wanted}
 
-    def _ensure_own_tables(self, what: str = "create leafpool's tables") -> None:
-        """leafpool's own tables exist even where leaf_alloc was created by Leaf's DDL:
-        created (in a transaction of their own) once per store, so no later query has to
-        ask whether they exist."""
-        if not self._own_tables_exist:
-            with self._tx(what) as conn:
-                for table in OWN_TABLES:
-                    table.create(conn, checkfirst=True)
-            self._own_tables_exist = True
+    def _readable(self, table: Table, what: str) -> bool:
+        """Whether ``table`` exists and this user may read it: a read of no rows (the
+        inspector reports a table hidden by a missing grant as there)."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(select(func.count()).select_from(table).where(false()))
+        except DBAPIError as exc:
+            if driver_code(exc) in (MYSQL_NO_SUCH_TABLE, MYSQL_TABLE_DENIED) or \
+                    "no such table" in str(exc.orig):
+                log.error("%s: %s not readable: %s", what, table.name, exc.orig)
+                return False
+            raise BackendUnavailable(f"database: {what} failed: {exc.orig!r}") from exc
+        return True
+
+    def _create_own_tables(self) -> None:
+        with self._tx("create leafpool's tables") as conn:
+            for table in OWN_TABLES:
+                table.create(conn, checkfirst=True)
+            if self.dialect == "mysql" and not inspect(conn).has_table("leaf_workerid_alloc"):
+                conn.execute(text(ddl_statement("mysql", "leaf_workerid_alloc")))
+        self._seen = {t.name for t in OWN_TABLES}
 
     # -- retired tags (G1 across a removal) ---------------------------------------------
 
     def retired_mark(self, tag: str) -> int:
         """The first ID a removed tag of this name never allocated (0 when none)."""
-        self._ensure_own_tables()
+        self._ensure_own_tables(retired_tag)
         with self._tx(f"{tag}: read retired mark") as conn:
             return self._retired(conn, tag)
 
@@ -213,7 +250,7 @@ class SegmentStore:
     def retire(self, tag: str, mark: int) -> int:
         """Keep ``mark`` (the first ID never allocated) for ``tag`` durably; a larger mark
         already kept stays. Returns the kept mark."""
-        self._ensure_own_tables()
+        self._ensure_own_tables(retired_tag)
         with self._tx(f"{tag}: retire") as conn:
             return self._retire(conn, tag, mark)
 
@@ -321,7 +358,7 @@ class SegmentStore:
         :class:`CounterBehind` is raised and nothing is written. An advance that would
         pass 2**63 - 1 raises :class:`SegmentExhausted` and writes nothing.
         """
-        self._ensure_own_tables(f"{tag}: allocate")
+        self._ensure_own_tables(retired_tag, what=f"{tag}: allocate")
         started = self._monotonic()
         with self._tx(f"{tag}: allocate") as conn:
             row = conn.execute(

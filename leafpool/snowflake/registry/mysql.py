@@ -22,6 +22,7 @@ from sqlalchemy import (
     and_,
     case,
     func,
+    inspect,
     literal_column,
     or_,
     select,
@@ -105,9 +106,10 @@ class MySqlRegistry(BaseRegistry):
 
     def _acquire(self, cached: CacheRecord | None) -> Start:
         try:
-            if self.create_table:
+            if self.create_table:  # only when missing: a worker's user has no CREATE
                 with self._tx("creating leaf_workerid_alloc") as conn:
-                    conn.execute(text(DDL))
+                    if not inspect(conn).has_table(_t.name):
+                        conn.execute(text(DDL))
             for _attempt in range(CLAIM_ATTEMPTS):
                 try:
                     with self.deadline.renewing(), self._tx("claim") as conn:

@@ -1,0 +1,55 @@
+"""What each role may do in MySQL/MariaDB (docs/design.md §1.2), as GRANT statements:
+``leafpool db grants`` prints them for the database of ``LEAFPOOL_DATABASE_URL``.
+
+- ``admin``: ``leafpool db init`` (the one DDL path: CREATE) and ``tag add/step/remove``;
+- ``worker``: a refill (SELECT and UPDATE of ``leaf_alloc``, SELECT of the retired marks),
+  the tag sync (it lists snowflake tags and keeps the mark of a tag gone from the table),
+  and snowflake mode ``mysql`` (``leaf_workerid_alloc``); no DDL, no DELETE;
+- ``monitor`` and ``http``: the ``/db`` page (SELECT of the tag tables);
+- ``app``: nothing: applications never reach the database.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import make_url
+
+from leafpool.core.errors import InvalidArgument
+
+ROLES = ("admin", "worker", "monitor", "http", "app")
+
+#: role -> (privileges, table or "*")
+_GRANTS: dict[str, list[tuple[str, str]]] = {
+    "admin": [("SELECT, INSERT, UPDATE, DELETE, CREATE", "*")],
+    "worker": [
+        ("SELECT, UPDATE", "leaf_alloc"),
+        ("SELECT, INSERT, UPDATE", "leafpool_retired_tag"),
+        ("SELECT", "leafpool_snowflake_tag"),
+        ("SELECT, INSERT, UPDATE", "leaf_workerid_alloc"),
+    ],
+    "monitor": [("SELECT", "leaf_alloc"), ("SELECT", "leafpool_snowflake_tag")],
+    "http": [("SELECT", "leaf_alloc"), ("SELECT", "leafpool_snowflake_tag")],
+    "app": [],
+}
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def grants(role: str, database: str, user: str, host: str = "%") -> list[str]:
+    """The GRANT statements of ``role`` for ``user``@``host`` on ``database``."""
+    if role not in _GRANTS:
+        raise InvalidArgument("role", role, f"one of {', '.join(ROLES)}")
+    who = f"'{user}'@'{host}'"
+    return [f"GRANT {privileges} ON {_quote(database)}."
+            f"{'*' if table == '*' else _quote(table)} TO {who};"
+            for privileges, table in _GRANTS[role]]
+
+
+def database_of(url: str) -> str:
+    """The database name of a MySQL URL."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "mysql" or not parsed.database:
+        raise InvalidArgument("LEAFPOOL_DATABASE_URL", parsed.render_as_string(True),
+                              "a MySQL/MariaDB URL naming its database (grants are MySQL's)")
+    return str(parsed.database)
