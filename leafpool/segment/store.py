@@ -16,25 +16,23 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, Engine, Table, false, func, inspect, select, text
+from sqlalchemy import Connection, Engine, Table, func, inspect, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from leafpool.core.config import MAX_ID, MAX_STEP
 from leafpool.core.errors import (
     BackendUnavailable,
-    ConfigurationError,
     CounterBehind,
     InvalidArgument,
     SegmentExhausted,
     TagExists,
     UnknownTag,
 )
-from leafpool.core.setting_values import DATABASE_URL_ENV, hide_password
+from leafpool.core.setting_values import hide_password
 from leafpool.core.tags import validate_tag
+from leafpool.database import schema
 from leafpool.database.engine import (
     OWN_TABLES,
-    ddl_statement,
-    driver_code,
     is_deadlock,
     leaf_alloc,
     make_engine,
@@ -46,8 +44,7 @@ from leafpool.segment.step import StepRule
 
 log = logging.getLogger(__name__)
 
-MYSQL_NO_SUCH_TABLE = 1146
-MYSQL_TABLE_DENIED = 1142
+
 
 FIRST_ID = 1  # IDs start at 1: a Leaf client reads 0 (and below) as a failure result
 
@@ -124,13 +121,9 @@ class SegmentStore:
     def init_schema(self) -> bool:
         """Create ``leaf_alloc`` with Leaf's DDL unless it exists (True when created), and
         leafpool's own ``leafpool_snowflake_tag`` and ``leafpool_retired_tag``."""
-        self._create_own_tables()  # the one DDL path (`leafpool db init`)
-        with self._tx("schema check") as conn:
-            if inspect(conn).has_table("leaf_alloc"):
-                return False
-            conn.execute(text(ddl_statement(self.dialect, "leaf_alloc")))
-        log.info("leaf_alloc created (%s)", self.dialect)
-        return True
+        created = schema.create(self.engine)  # the one DDL path (`leafpool db init`)
+        self._seen = {table.name for table in OWN_TABLES}
+        return created
 
     # -- snowflake tags -----------------------------------------------------------------
 
@@ -190,47 +183,10 @@ class SegmentStore:
 
     def _ensure_own_tables(self, *tables: Table, what: str = "check leafpool's tables"
                            ) -> None:
-        """leafpool's own ``tables`` (all of them by default) are there, checked once per
-        store and table, so no later query has to ask. Only ``leafpool db init`` creates
-        them (:meth:`init_schema`): a refill or the tag sync runs as a database user
-        without CREATE and never tries DDL, and an allocation reads only
-        ``leafpool_retired_tag`` of them. A table missing, or hidden from this user for
-        want of a grant, is a configuration error, not something to repair here: without
-        ``leafpool_retired_tag`` an allocation cannot know the marks of removed tags
-        (G1)."""
-        wanted = [t for t in (tables or OWN_TABLES) if t.name not in self._seen]
-        if not wanted:
-            return
-        missing = [t.name for t in wanted if not self._readable(t, what)]
-        if missing:
-            raise ConfigurationError(
-                DATABASE_URL_ENV, hide_password(self.engine.url.render_as_string(False)),
-                f"a database where `leafpool db init` has run: {', '.join(missing)} is "
-                "missing, or this database user may not read it (`leafpool db grants` "
-                "prints what each role needs)")
-        self._seen |= {t.name for t in wanted}
-
-    def _readable(self, table: Table, what: str) -> bool:
-        """Whether ``table`` exists and this user may read it: a read of no rows (the
-        inspector reports a table hidden by a missing grant as there)."""
-        try:
-            with self.engine.connect() as conn:
-                conn.execute(select(func.count()).select_from(table).where(false()))
-        except DBAPIError as exc:
-            if driver_code(exc) in (MYSQL_NO_SUCH_TABLE, MYSQL_TABLE_DENIED) or \
-                    "no such table" in str(exc.orig):
-                log.error("%s: %s not readable: %s", what, table.name, exc.orig)
-                return False
-            raise BackendUnavailable(f"database: {what} failed: {exc.orig!r}") from exc
-        return True
-
-    def _create_own_tables(self) -> None:
-        with self._tx("create leafpool's tables") as conn:
-            for table in OWN_TABLES:
-                table.create(conn, checkfirst=True)
-            if self.dialect == "mysql" and not inspect(conn).has_table("leaf_workerid_alloc"):
-                conn.execute(text(ddl_statement("mysql", "leaf_workerid_alloc")))
-        self._seen = {t.name for t in OWN_TABLES}
+        """leafpool's own ``tables`` (all by default) are there and readable, checked once
+        per store and table (:func:`leafpool.database.schema.require`); never created
+        here: ``leafpool db init`` is the one DDL path."""
+        self._seen |= schema.require(self.engine, tables or OWN_TABLES, self._seen, what)
 
     # -- retired tags (G1 across a removal) ---------------------------------------------
 
