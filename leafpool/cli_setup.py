@@ -53,8 +53,6 @@ def redis_acl(
     roles: Annotated[list[str] | None, typer.Argument(
         help=f"roles to print (default: all of {', '.join(acl.ROLES)})")] = None,
     user_prefix: Annotated[str, typer.Option(help="user name = prefix + role")] = "leafpool-",
-    broker_prefix: Annotated[str, typer.Option(
-        help="the Celery broker's key prefix (kombu's global_keyprefix)")] = "leafpool-broker",
 ) -> None:
     """Print the roles as lines of a Redis ACL file (users.acl), each password read from
     LEAFPOOL_ACL_<ROLE>_PASSWORD and written as its SHA-256."""
@@ -62,7 +60,9 @@ def redis_acl(
 
     from leafpool.core.errors import ConfigurationError
 
-    prefix = get_settings().key_prefix
+    settings = get_settings()
+    db_text = settings.broker_url.split(";")[0].rsplit("/", 1)[-1]
+    db = int(db_text) if db_text.isascii() and db_text.isdigit() else 0
     for role in roles or acl.ROLES:
         name = _password(role)
         if role not in acl.ROLES:
@@ -70,5 +70,6 @@ def redis_acl(
         secret = os.environ.get(name, "")
         if not secret:
             raise ConfigurationError(name, "", f"the password of the {role} role's Redis user")
-        out.print(acl.user_line(f"{user_prefix}{role}", role, secret, prefix, broker_prefix),
-                  highlight=False, soft_wrap=True)
+        line = acl.user_line(f"{user_prefix}{role}", role, secret, settings.key_prefix,
+                             settings.broker_key_prefix, db)
+        out.print(line, highlight=False, soft_wrap=True)

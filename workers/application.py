@@ -46,6 +46,9 @@ app.conf.update(
         "unacked_restore_interval": max(1, min(10, settings.visibility_timeout // 3)),
         "unacked_restore_throttle": 1,
         **settings.broker_options,  # Sentinel: the master name
+        # every broker key and channel under one prefix: the worker role's ACL grants
+        # them by that prefix, not the whole of a shared Redis (docs/design.md §1.2)
+        "global_keyprefix": f"{settings.broker_key_prefix}:",
     },
     broker_connection_retry_on_startup=True,
     task_ignore_result=True,

@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     broker_url: str = ""
     key_prefix: str = "leafpool"
+    # the Celery broker's keys and channels on Redis are prefixed with this and a colon
+    # (kombu's global_keyprefix), so the worker role's ACL names them in two patterns
+    broker_key_prefix: str = "leafpool-broker"
 
     # Redis topology (docs/design.md §7): one node (LEAFPOOL_REDIS_URL), a Sentinel group
     # (LEAFPOOL_REDIS_SENTINELS, LEAFPOOL_REDIS_MASTER_NAME; the URL gives the database
@@ -163,7 +166,7 @@ class Settings(BaseSettings):
     # (leafpool/redis/coalesce.py, docs/design.md §1.1); 0: one LPOP per request
     http_coalesce_max: int = Field(1_024, ge=0, le=10_000)
 
-    @field_validator("key_prefix")
+    @field_validator("key_prefix", "broker_key_prefix")
     @classmethod
     def _prefix_chars(cls, value: str) -> str:
         if not value or any(c in value for c in "{}: \t\n"):

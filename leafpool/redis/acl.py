@@ -55,9 +55,19 @@ def _monitor(prefix: str) -> list[str]:
             _READS]
 
 
-def rules(role: str, prefix: str = "leafpool", broker_prefix: str = "leafpool-broker"
-          ) -> str:
-    """The ACL rules of ``role`` (without the user name and password)."""
+def broker_channels(broker_prefix: str, db: int) -> list[str]:
+    """The broker's channels: every one under the prefix for SUBSCRIBE and PUBLISH, and
+    the patterns Celery and Flower PSUBSCRIBE to, literally (Redis admits a PSUBSCRIBE
+    only to a pattern the ACL names as it is: ``&P:*`` does not admit ``P:/0.celeryev/*``)."""
+    base = f"{broker_prefix}:/{db}."
+    return [f"&{broker_prefix}:*", f"&{base}celery.pidbox", f"&{base}celeryev/worker.*",
+            f"&{base}celeryev/*"]
+
+
+def rules(role: str, prefix: str = "leafpool", broker_prefix: str = "leafpool-broker",
+          broker_db: int = 0) -> str:
+    """The ACL rules of ``role`` (without the user name and password); ``broker_db``:
+    the database number of the broker URL (it is part of the broker's channel names)."""
     if role == "app":
         parts = _app(prefix)
     elif role == "monitor":
@@ -66,8 +76,8 @@ def rules(role: str, prefix: str = "leafpool", broker_prefix: str = "leafpool-br
         parts = [*_monitor(prefix), "+wait", *_app(prefix)[6:]]
     elif role == "worker":
         parts = ["resetkeys", "resetchannels", f"~{prefix}:*", f"~{broker_prefix}:*",
-                 f"&{broker_prefix}:*", "&__redis__:invalidate", "+@all", "-@dangerous",
-                 _SAFE_DANGEROUS]
+                 *broker_channels(broker_prefix, broker_db), "&__redis__:invalidate",
+                 "+@all", "-@dangerous", _SAFE_DANGEROUS]
     elif role == "admin":
         parts = ["resetkeys", "resetchannels", f"~{prefix}:*", "+@all", "-@dangerous",
                  _SAFE_DANGEROUS]
@@ -77,10 +87,10 @@ def rules(role: str, prefix: str = "leafpool", broker_prefix: str = "leafpool-br
 
 
 def user_line(user: str, role: str, password: str, prefix: str = "leafpool",
-              broker_prefix: str = "leafpool-broker") -> str:
+              broker_prefix: str = "leafpool-broker", broker_db: int = 0) -> str:
     """One line of an ACL file: the user, on, its password as a SHA-256 (Redis never
     sees the password in the file), and its role's rules."""
     if not password:
         raise InvalidArgument("password", "", f"a non-empty password for {user}")
     digest = hashlib.sha256(password.encode()).hexdigest()
-    return f"user {user} on #{digest} {rules(role, prefix, broker_prefix)}"
+    return f"user {user} on #{digest} {rules(role, prefix, broker_prefix, broker_db)}"

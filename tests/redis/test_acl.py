@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -29,6 +30,7 @@ from leafpool.segment.refiller import SegmentRefiller
 from leafpool.segment.store import SegmentStore
 from leafpool.status import pool_status
 from tests.support import services
+from tests.support.processes import Proc, leafpool_env
 
 TAG = "order"
 ROLES = {role: f"pw-{role}-x/y@z" for role in acl.ROLES}  # a password needing encoding
@@ -220,3 +222,37 @@ def test_an_app_role_user_cannot_repeat_stall_or_starve_a_pool(
     denied = {entry.get("username") for entry in root.acl_log(count=1000)}
     assert denied <= {"leafpool-app"}  # the worker was denied nothing
     app.close()
+
+
+@pytest.mark.slow
+def test_a_celery_worker_and_beat_run_under_the_worker_role(
+    acl_server: services.Server, root: redis.Redis, sqlite_url: str, tmp_path: Path
+) -> None:
+    """``celery -A workers worker -B`` with the worker role's URL as pools and broker: the
+    beat's tag sync fills the tag, an application's pops below the low-water mark are
+    refilled (the drop watcher and the refill task through the broker), every broker key
+    is under ``leafpool-broker:``, and Redis logs no denial."""
+    store = SegmentStore.from_url(sqlite_url)
+    store.init_schema()
+    store.add_tag(TAG, step=1000)
+    env = leafpool_env(home=tmp_path / "home", redis_url=_url(acl_server, "worker"),
+                       database_url=sqlite_url, pool_floor=100, pool_ceiling=100)
+    worker = Proc([sys.executable, "-m", "celery", "-A", "workers", "worker", "-B",
+                   "--loglevel=INFO", "-c", "1", "-s", str(tmp_path / "beat")], env,
+                  tmp_path / "worker.log")
+    ids_key = f"leafpool:{{{TAG}}}:ids"
+    try:
+        services.wait_until(lambda: root.llen(ids_key) >= 100, 90, "the worker's first fill")
+        app = Client(settings=load_settings(redis_url=_url(acl_server, "app"),
+                                            database_url=sqlite_url, empty_wait_seconds=10))
+        got = app.next_ids(TAG, 80)  # below the low-water mark: the watcher queues a refill
+        services.wait_until(lambda: root.llen(ids_key) >= 100, 60, "the refill after the drop")
+        got += app.next_ids(TAG, 100)
+        app.close()
+    finally:
+        worker.stop()
+    assert got == sorted(set(got)) and len(got) == 180
+    names = [k.decode() for k in root.scan_iter(count=1000)]
+    assert any(k.startswith("leafpool-broker:") for k in names)
+    assert all(k.startswith(("leafpool:", "leafpool-broker:")) for k in names), names
+    assert _denials(root) == []

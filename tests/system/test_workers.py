@@ -109,7 +109,8 @@ def test_a_worker_killed_mid_refill_is_redelivered_and_repeats_nothing(
                        lock_ttl_ms=1000, visibility_timeout=3)
     first = worker(env, tmp_path / "worker1.log", "-c", "1")
     procs.append(first)
-    sender = Celery(broker=broker)
+    sender = Celery(broker=broker)  # the worker's broker keys are under its prefix
+    sender.conf.broker_transport_options = {"global_keyprefix": "leafpool-broker:"}
     # force: the redelivered refill fills to the target wherever the kill left the list
     # (without it, a kill past the low-water mark would leave nothing due)
     sender.send_task("leafpool.refill_segment", args=["order", True], queue="leafpool.segment")
