@@ -103,13 +103,13 @@ def ticket_server(ops: int) -> list[Result]:
         return result
 
 
-def _refiller_env(url: str, db_url: str, chunk: int, pool: int) -> dict[str, str]:
+def _refiller_env(url: str, db_url: str, chunk: int, pool: int, home: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
     path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env.update({"LEAFPOOL_REDIS_URL": url, "LEAFPOOL_DATABASE_URL": db_url,
                 "LEAFPOOL_CHUNK_SIZE": str(chunk), "LEAFPOOL_POOL_FLOOR": str(pool),
                 "LEAFPOOL_POOL_CEILING": str(pool), "LEAFPOOL_LOW_WATER_RATIO": "0.9",
-                "LEAFPOOL_HOME": tempfile.mkdtemp(prefix="leafpool-bench-"),
+                "LEAFPOOL_HOME": home,
                 "PYTHONPATH": os.pathsep.join(path)})
     return env
 
@@ -151,7 +151,7 @@ def latency_during_refills(
             store = SegmentStore.from_url(db_url)
             store.init_schema()
             store.add_tag(tag, step=100_000)
-            env = _refiller_env(url, db_url, chunk, 2 * fill)
+            env = _refiller_env(url, db_url, chunk, 2 * fill, f"{home}/refiller{chunk}")
             # niced: on a 2-core machine the refiller and drainer would otherwise take the
             # CPU Redis and the measuring client need (in production they run elsewhere)
             nice = ["nice", "-n", "19", sys.executable]

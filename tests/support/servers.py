@@ -91,6 +91,8 @@ class Server:
         wait_until(lambda: not port_open(self.port), 10, f"{self.name} port release")
 
     def stop(self) -> None:
+        """Stop the server for good and remove its data directory (:meth:`kill` keeps it:
+        a test that crashes a server starts it again on the same data)."""
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -98,6 +100,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        shutil.rmtree(self.datadir, ignore_errors=True)
 
 
 def _tmpdir(prefix: str) -> Path:
