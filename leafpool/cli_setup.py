@@ -4,12 +4,14 @@ ACL file), docs/design.md §1.2."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
 
 from leafpool.cli_common import out, reports_errors, runtime
 from leafpool.core.config import get_settings, hide_password
+from leafpool.core.errors import ConfigurationError
 from leafpool.database import grants
 from leafpool.redis import acl
 
@@ -56,10 +58,6 @@ def redis_acl(
 ) -> None:
     """Print the roles as lines of a Redis ACL file (users.acl), each password read from
     LEAFPOOL_ACL_<ROLE>_PASSWORD and written as its SHA-256."""
-    import os
-
-    from leafpool.core.errors import ConfigurationError
-
     settings = get_settings()
     db_text = settings.broker_url.split(";")[0].rsplit("/", 1)[-1]
     db = int(db_text) if db_text.isascii() and db_text.isdigit() else 0

@@ -8,8 +8,10 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 import redis
@@ -18,6 +20,7 @@ from leafpool.core.config import Settings, load_settings
 from leafpool.redis.pool import Pool
 from leafpool.segment.store import SegmentStore
 from tests.support import redis_layer, services
+from tests.support.faultproxy import FaultProxy
 
 _db_counter = itertools.count()
 
@@ -135,3 +138,16 @@ def zk_server() -> Iterator[services.Server]:
 @pytest.fixture
 def zk_hosts(zk_server: services.Server) -> str:
     return zk_server.extra["hosts"]
+
+
+@pytest.fixture
+def proxy(redis_url: str) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy (tests/support/faultproxy.py) in front of the session's
+    redis-server; at the end, no protocol error and no thread of it left."""
+    url = urlparse(redis_url)
+    assert url.hostname and url.port
+    p = FaultProxy(url.hostname, url.port).start()
+    yield p
+    p.stop()
+    assert not p.errors
+    assert not [t for t in threading.enumerate() if t.name.startswith(f"faultproxy-{p.port}-")]

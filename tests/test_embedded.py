@@ -163,3 +163,22 @@ def test_proc_kill_leaves_no_descendant_behind(tmp_path: Path) -> None:
     finally:
         if running(grandchild):
             os.kill(grandchild, signal.SIGKILL)
+
+
+def test_up_names_the_database_and_redis_urls_without_their_passwords(tmp_path: Path) -> None:
+    """A MySQL URL and a Redis URL that is not this host's (127.0.0.2: loopback, but not
+    one ``leafpool up`` starts a redis-server for): what ``up`` says, and the error it
+    stops with, name both without their passwords."""
+    from leafpool.core.config import load_settings
+    from leafpool.core.errors import BackendUnavailable
+    from leafpool.embedded import up
+
+    said: list[str] = []
+    settings = load_settings(database_url="mysql+pymysql://leaf:Db%2FS3cret@127.0.0.1:1/x",
+                             redis_url="redis://u:R3d%40is@127.0.0.2:1/0")
+    with pytest.raises(BackendUnavailable) as stopped:
+        up(settings, say=said.append, forever=False)
+    shown = "\n".join([*said, str(stopped.value)])
+    assert "LEAFPOOL_DATABASE_URL=mysql+pymysql://leaf:***@127.0.0.1:1/x" in shown
+    assert "redis://u:***@127.0.0.2:1/0" in shown
+    assert "S3cret" not in shown and "R3d" not in shown

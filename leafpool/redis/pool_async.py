@@ -36,12 +36,15 @@ from leafpool.redis.pool_common import (
 )
 from leafpool.redis.pops import (
     GAPS,
+    MOVED,
+    NOSCRIPT,
     RESERVE_PROBE_TAG,
+    SEND_ATTEMPTS,
     UNACKED,
-    check_replies,
     gap_counts,
     no_rights,
     script_command,
+    settle,
 )
 from leafpool.redis.retries import safely_async, send_once_async
 
@@ -58,7 +61,7 @@ class AsyncPool:
         self.redis = client
         self.keys = Keys(prefix)
         registered = register_scripts(client)
-        self._take, self._record = registered["take_reserve"], registered["record"]
+        self._take = registered["take_reserve"]
         self._ids_keys: dict[str, str] = {}
         self._nodes: dict[str, aioredis.Redis] = {}
         self._counting: set[asyncio.Task[None]] = set()  # gap counts under way
@@ -137,7 +140,7 @@ class AsyncPool:
     async def _once(self, tag: str, key: str, commands: list[tuple[Any, ...]], what: str,
                     at_stake: int, script: Any = None,
                     refused: Callable[[Any], None] | None = None) -> list[Any]:
-        for attempt in range(3):
+        for attempt in range(SEND_ATTEMPTS):
             node = self._node_of(key)
             lost = (lambda: self._count_gap_later(tag, at_stake)) if at_stake else None
             try:
@@ -145,21 +148,14 @@ class AsyncPool:
             except BackendUnavailable:
                 await self._refresh()
                 raise
-            moved = any(isinstance(r, redis.exceptions.MovedError | redis.exceptions.AskError)
-                        for r in replies)
-            noscript = any(isinstance(r, redis.exceptions.NoScriptError) for r in replies)
-            if attempt < 2 and moved:
+            resend = settle(replies, attempt, script, f"{tag}: {what}", refused)
+            if resend == MOVED:
                 await self._refresh()
-                continue
-            if attempt < 2 and noscript and script is not None:
+            elif resend == NOSCRIPT:
                 with redis_errors(f"{tag}: SCRIPT LOAD"):
                     await safely_async(lambda n=node: n.script_load(script.script))  # type: ignore[misc]
-                continue
-            if refused is not None:
-                for reply in replies:
-                    refused(reply)
-            check_replies(replies, f"{tag}: {what}")
-            return replies
+            else:
+                return replies
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def check_reserve_rights(self) -> None:

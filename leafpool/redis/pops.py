@@ -28,7 +28,6 @@ from leafpool.core.errors import (
     ConfigurationError,
     LeafpoolError,
     ReplicasBehind,
-    ReplyLost,
 )
 from leafpool.core.keys import Keys, TagKeys
 from leafpool.redis import replicas
@@ -54,6 +53,30 @@ def check_replies(replies: Sequence[Any], what: str) -> None:
     for reply in replies:
         if isinstance(reply, redis.ResponseError):
             raise wrap(reply, what) from reply
+
+
+MOVED, NOSCRIPT = "moved", "noscript"
+SEND_ATTEMPTS = 3
+
+
+def settle(replies: Sequence[Any], attempt: int, script: Any, what: str,
+           refused: Callable[[Any], None] | None = None) -> str | None:
+    """What a send's ``replies`` call for (:meth:`Pops._once` and its asyncio twin): to
+    send again once the slot map (:data:`MOVED`: MOVED, ASK) or the script
+    (:data:`NOSCRIPT`) is back, since nothing ran; or None, the replies are final
+    (``refused`` sees each first; another error reply is raised)."""
+    if attempt < SEND_ATTEMPTS - 1:
+        if any(isinstance(r, redis.exceptions.MovedError | redis.exceptions.AskError)
+               for r in replies):
+            return MOVED
+        if script is not None and any(isinstance(r, redis.exceptions.NoScriptError)
+                                      for r in replies):
+            return NOSCRIPT
+    if refused is not None:
+        for reply in replies:
+            refused(reply)
+    check_replies(replies, what)
+    return None
 
 
 def script_command(script: Any, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
@@ -91,7 +114,6 @@ class Pops:
     acks = 0  # replicas that must acknowledge a pop (LEAFPOOL_POP_REPLICAS; 0: none)
     ack_wait_ms = 100
     _take: Any
-    _record: Any
     _ids_keys: dict[str, str]
 
     def tag(self, tag: str) -> TagKeys:
@@ -112,7 +134,7 @@ class Pops:
         IDs are counted as a gap when the reply is lost. A command refused before it ran
         (MOVED, ASK: the slot moved; NOSCRIPT: the script cache was emptied) is sent again
         once the map or the script is back."""
-        for attempt in range(3):
+        for attempt in range(SEND_ATTEMPTS):
             node = replicas.node_of(self.redis, key)
             lost = (lambda: self._count_gap(tag, at_stake, True)) if at_stake else None
             try:
@@ -120,20 +142,13 @@ class Pops:
             except BackendUnavailable:
                 replicas.refresh(self.redis)
                 raise
-            moved = any(isinstance(r, redis.exceptions.MovedError | redis.exceptions.AskError)
-                        for r in replies)
-            noscript = any(isinstance(r, redis.exceptions.NoScriptError) for r in replies)
-            if attempt < 2 and moved:
+            resend = settle(replies, attempt, script, f"{tag}: {what}", refused)
+            if resend == MOVED:
                 replicas.refresh(self.redis)
-                continue
-            if attempt < 2 and noscript and script is not None:
+            elif resend == NOSCRIPT:
                 _load(node, script, tag)
-                continue
-            if refused is not None:
-                for reply in replies:
-                    refused(reply)
-            check_replies(replies, f"{tag}: {what}")
-            return replies
+            else:
+                return replies
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _count_gap(self, tag: str, ids: int, lost_reply: bool) -> None:
@@ -211,9 +226,8 @@ class Pops:
         k = self.tag(RESERVE_PROBE_TAG)
         take = script_command(self._take, [k.ids, k.reserve, k.state],
                               Range(1, 2).take_args(1))
-        reply = self._once(RESERVE_PROBE_TAG, k.ids, [take], "reserve rights", 0, self._take,
-                           refused=no_rights)[0]
-        no_rights(reply)
+        self._once(RESERVE_PROBE_TAG, k.ids, [take], "reserve rights", 0, self._take,
+                   refused=no_rights)
 
     # -- replica-acknowledged pops (docs/design.md §7.1) ------------------------------------
 
@@ -237,4 +251,4 @@ class Pops:
         return ids
 
 
-__all__ = ["GAPS", "LOST_REPLIES", "UNACKED", "Pops", "ReplyLost", "gap_counts"]
+__all__ = ["GAPS", "LOST_REPLIES", "UNACKED", "Pops", "gap_counts", "settle"]

@@ -13,9 +13,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 import redis
@@ -36,16 +34,6 @@ from tests.support.processes import Proc, leafpool_env
 
 TAG = "order"
 N = 1000
-
-
-@pytest.fixture
-def proxy(redis_url: str) -> Iterator[FaultProxy]:
-    url = urlparse(redis_url)
-    assert url.hostname and url.port
-    p = FaultProxy(url.hostname, url.port).start()
-    yield p
-    p.stop()
-    assert not p.errors
 
 
 def _settings(proxy: FaultProxy, sqlite_url: str, **overrides: object) -> Settings:

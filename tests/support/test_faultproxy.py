@@ -7,11 +7,9 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import urlparse
 
 import pytest
 import redis
@@ -22,17 +20,6 @@ from tests.support.faultproxy import FaultProxy, parse_command, reply_end
 from tests.support.services import wait_until
 
 WAIT = 10.0  # bound on every wait; never reached when things work
-
-
-@pytest.fixture
-def proxy(redis_url: str) -> Iterator[FaultProxy]:
-    url = urlparse(redis_url)
-    assert url.hostname and url.port
-    p = FaultProxy(url.hostname, url.port).start()
-    yield p
-    p.stop()
-    assert not p.errors
-    assert not [t for t in threading.enumerate() if t.name.startswith(f"faultproxy-{p.port}-")]
 
 
 @pytest.fixture
