@@ -14,10 +14,12 @@ included), from the ground up:
 - :mod:`leafpool.housekeeping`: tag sync, sweep, drop watcher.
 
 The modules at this top level are the surfaces, what users and operators touch:
-:mod:`~leafpool.client` (``Client``, ``AsyncClient``), :mod:`~leafpool.cli`, the HTTP
-service (:mod:`leafpool.http`), :mod:`~leafpool.status`, :mod:`~leafpool.metrics`, the
-embedded start (:mod:`~leafpool.embedded`, :mod:`~leafpool.children`) and the wiring of a
-process (:mod:`~leafpool.runtime`). ``workers/`` (the only Celery code) sits above them.
+:mod:`~leafpool.client` (``Client``, ``AsyncClient``), :mod:`~leafpool.cli` (with
+:mod:`~leafpool.cli_common` and :mod:`~leafpool.cli_setup`), the HTTP service
+(:mod:`leafpool.http`), :mod:`~leafpool.status`, :mod:`~leafpool.metrics` (with
+:mod:`~leafpool.metric_families`), the embedded start (:mod:`~leafpool.embedded`,
+:mod:`~leafpool.children`) and the wiring of a process (:mod:`~leafpool.runtime`).
+``workers/`` (the only Celery code) sits above them.
 """
 
 from leafpool.client import AsyncClient, Client
