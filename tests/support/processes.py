@@ -153,6 +153,11 @@ def leafpool_env(raw: dict[str, str] | None = None, **settings: object) -> dict[
     env["PYTHONPATH"] = str(ROOT)
     env["LEAFPOOL_HOME"] = os.environ.get("LEAFPOOL_HOME", str(ROOT / ".leafpool"))
     env.update({f"LEAFPOOL_{key.upper()}": str(value) for key, value in settings.items()})
+    # a child's temporary files (multiprocessing's pymp-* of a Celery worker the test
+    # kills) under its home, which the test's own temporary directory holds, not in /tmp
+    tmp = Path(env["LEAFPOOL_HOME"]) / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env["TMPDIR"] = str(tmp)
     env.update(raw or {})
     return env
 

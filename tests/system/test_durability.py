@@ -74,6 +74,7 @@ def redis_on(directory: Path, extra_args: list[str]) -> Iterator[services.Server
         yield server
     finally:
         server.kill()  # before the file system goes: nothing may hold the mount
+        server.stop()  # its own directory (config, log) goes too
 
 
 def fill(pool: Pool) -> None:
