@@ -7,9 +7,30 @@ callers only ever catch leafpool types.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class LeafpoolError(Exception):
-    """Root of every error leafpool raises on purpose."""
+    """Root of every error leafpool raises on purpose.
+
+    Every one pickles to the same class, message (``args``) and fields, whatever its
+    constructor takes: Celery's worker pool sends a task's exception to its parent by
+    pickle, and puts one it cannot pickle back together in its place as the nearest base
+    class that it can (the log and Flower would show a bare ``LeafpoolError``)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # BaseException's own reduce rebuilds with ``type(self)(*self.args)``: that calls
+        # a subclass's constructor with the message in place of its arguments (a
+        # TypeError, or a message written twice). The copy is made without the
+        # constructor instead: ``args`` as they are (a message rewritten after
+        # construction included), then the attributes (fields, ``__notes__``).
+        return _unpickle, (type(self), self.args), self.__dict__
+
+
+def _unpickle(cls: type[LeafpoolError], args: tuple[Any, ...]) -> LeafpoolError:
+    """An exception of ``cls`` with ``args``, made without its constructor (pickle then
+    sets its attributes)."""
+    return cls.__new__(cls, *args)
 
 
 class ConfigurationError(LeafpoolError):
