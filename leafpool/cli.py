@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 
 from leafpool.cli_common import err, out, reports_errors, runtime
-from leafpool.cli_setup import db_app, redis_app
+from leafpool.cli_setup import db_app, redis_acl, redis_app
 from leafpool.core.config import get_settings
 from leafpool.core.errors import (
     ConfigurationError,
@@ -44,6 +44,7 @@ tag_app = typer.Typer(no_args_is_help=True, help="Business tags.")
 app.add_typer(db_app, name="db")
 app.add_typer(redis_app, name="redis")
 app.add_typer(tag_app, name="tag")
+app.command("acl", help="The same as `leafpool redis acl`.")(redis_acl)
 
 # -- tags -----------------------------------------------------------------------------
 

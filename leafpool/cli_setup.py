@@ -1,6 +1,6 @@
 """The CLI's setup commands: ``leafpool db init`` (the one DDL path), ``leafpool db
 grants`` (each role's GRANT statements) and ``leafpool redis acl`` (the Redis roles as an
-ACL file), docs/design.md §1.2."""
+ACL file; ``leafpool acl`` is the same command), docs/design.md §1.2."""
 
 from __future__ import annotations
 
@@ -45,6 +45,10 @@ def db_grants(
             out.print(line, highlight=False, soft_wrap=True)
 
 
+#: the default user, off: no client reaches Redis without a user name and password
+DEFAULT_OFF = "user default off resetpass resetkeys resetchannels -@all"
+
+
 def _password(role: str) -> str:
     return f"LEAFPOOL_ACL_{role.upper()}_PASSWORD"
 
@@ -55,12 +59,18 @@ def redis_acl(
     roles: Annotated[list[str] | None, typer.Argument(
         help=f"roles to print (default: all of {', '.join(acl.ROLES)})")] = None,
     user_prefix: Annotated[str, typer.Option(help="user name = prefix + role")] = "leafpool-",
+    disable_default: Annotated[bool, typer.Option(
+        "--disable-default",
+        help="also print a line disabling Redis's default user (an ACL file that does "
+             "not name it leaves it on, without a password, allowed everything)")] = False,
 ) -> None:
     """Print the roles as lines of a Redis ACL file (users.acl), each password read from
-    LEAFPOOL_ACL_<ROLE>_PASSWORD and written as its SHA-256."""
+    LEAFPOOL_ACL_<ROLE>_PASSWORD and written as its SHA-256; nothing when one is missing."""
     settings = get_settings()
-    db_text = settings.broker_url.split(";")[0].rsplit("/", 1)[-1]
+    # the broker's database: the path of its (first) URL, without the query
+    db_text = settings.broker_url.split(";")[0].split("?")[0].rsplit("/", 1)[-1]
     db = int(db_text) if db_text.isascii() and db_text.isdigit() else 0
+    lines = [DEFAULT_OFF] if disable_default else []
     for role in roles or acl.ROLES:
         name = _password(role)
         if role not in acl.ROLES:
@@ -68,6 +78,7 @@ def redis_acl(
         secret = os.environ.get(name, "")
         if not secret:
             raise ConfigurationError(name, "", f"the password of the {role} role's Redis user")
-        line = acl.user_line(f"{user_prefix}{role}", role, secret, settings.key_prefix,
-                             settings.broker_key_prefix, db)
+        lines.append(acl.user_line(f"{user_prefix}{role}", role, secret, settings.key_prefix,
+                                   settings.broker_key_prefix, db))
+    for line in lines:
         out.print(line, highlight=False, soft_wrap=True)
