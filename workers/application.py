@@ -51,6 +51,8 @@ app.conf.update(
         "global_keyprefix": f"{settings.broker_key_prefix}:",
     },
     broker_connection_retry_on_startup=True,
+    # rediss:// (or Sentinel over TLS): the same CA and client certificate as the pools
+    broker_use_ssl=settings.broker_use_ssl,
     task_ignore_result=True,
     # Flower: task events with their arguments and results
     worker_send_task_events=True,

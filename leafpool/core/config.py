@@ -52,6 +52,7 @@ from leafpool.core.setting_values import parse_pop_replicas as parse_pop_replica
 from leafpool.core.setting_values import parse_sentinels as parse_sentinels
 from leafpool.core.setting_values import parse_tokens as parse_tokens
 from leafpool.core.snowflake_layout import MAX_BACKWARDS_MS, validate_epoch, wall_clock_ms
+from leafpool.core.tls import RedisTls, check_tls
 
 MAX_STEP = 1_000_000
 MAX_ID = 2**63 - 1
@@ -87,6 +88,12 @@ class Settings(BaseSettings):
     redis_sentinels: str = ""
     redis_master_name: str = "leafpool"
     redis_cluster: bool = False
+    # TLS (rediss:// URLs; leafpool/core/tls.py): the CA that signed the servers'
+    # certificates (default: the system's), the client certificate and key (mutual TLS)
+    redis_tls_ca_file: str = ""
+    redis_tls_cert_file: str = ""
+    redis_tls_key_file: str = ""
+    redis_tls_check_hostname: bool = True
     # replica-acknowledged pops: IDs are handed out only once WAIT says this many
     # replicas have the pop (0: no acknowledgement, 'all': every replica at start)
     pop_replicas: str = "0"
@@ -242,6 +249,8 @@ class Settings(BaseSettings):
                 "(sentinel://host:port;sentinel://host:port)")
         if not self.broker_url:
             object.__setattr__(self, "broker_url", self._default_broker())
+        check_tls(self.redis_tls, self.redis_url.startswith("rediss://")
+                  or self.broker_url.startswith("rediss://"))
         if self.snowflake_mode is None:
             object.__setattr__(self, "snowflake_mode", "zk" if self.zk_hosts else "local")
         if not self.snowflake_cache_dir:
@@ -281,10 +290,33 @@ class Settings(BaseSettings):
         return parse_pop_replicas(self.pop_replicas)
 
     @property
+    def redis_tls(self) -> RedisTls:
+        """``LEAFPOOL_REDIS_TLS_*`` (checked at load, see :mod:`leafpool.core.tls`)."""
+        return RedisTls(self.redis_tls_ca_file, self.redis_tls_cert_file,
+                        self.redis_tls_key_file, self.redis_tls_check_hostname)
+
+    @property
+    def broker_tls(self) -> bool:
+        """The broker speaks TLS: a ``rediss://`` broker URL, or the default Sentinel
+        broker over the sentinels of a ``rediss://`` LEAFPOOL_REDIS_URL."""
+        return self.broker_url.startswith("rediss://") or (
+            self.broker_url.startswith("sentinel://")
+            and self.redis_url.startswith("rediss://"))
+
+    @property
+    def broker_use_ssl(self) -> dict[str, object] | None:
+        """Celery's ``broker_use_ssl``: None for a broker without TLS."""
+        return self.redis_tls.broker_options() if self.broker_tls else None
+
+    @property
     def broker_options(self) -> dict[str, object]:
-        """Extra kombu transport options the broker URL needs (Sentinel's master name)."""
+        """Extra kombu transport options the broker URL needs: Sentinel's master name,
+        and TLS to the sentinels themselves."""
         if self.broker_url.startswith("sentinel://"):
-            return {"master_name": self.redis_master_name}
+            options: dict[str, object] = {"master_name": self.redis_master_name}
+            if self.broker_tls:
+                options["sentinel_kwargs"] = {"ssl": True, **self.redis_tls.redis_options()}
+            return options
         return {}
 
     @property

@@ -11,6 +11,9 @@ Topologies (docs/design.md §7), chosen by the settings:
   database number and the password);
 - ``cluster``: redis-py's :class:`~redis.cluster.RedisCluster`, from the URL of any node.
 
+A ``rediss://`` URL adds TLS with the files of ``LEAFPOOL_REDIS_TLS_*``
+(:mod:`leafpool.core.tls`), to every node, sentinels included.
+
 Timeouts are short so an outage is noticed in seconds; redis-py uses the hiredis parser
 when it is installed.
 """
@@ -30,8 +33,8 @@ from redis.cluster import RedisCluster
 from redis.connection import parse_url
 from redis.sentinel import Sentinel
 
-from leafpool.core.errors import BackendUnavailable
 from leafpool.redis import retries
+from leafpool.redis.errors import wrap as wrap
 
 if TYPE_CHECKING:
     from leafpool.core.config import Settings
@@ -74,21 +77,33 @@ _BLOCKING = _Flavour(redis.Redis, RedisCluster, Sentinel, retries.ONCE)
 _ASYNCIO = _Flavour(aioredis.Redis, AsyncRedisCluster, AsyncSentinel, retries.ONCE_ASYNC)
 
 
+def _tls(settings: Settings) -> dict[str, Any]:
+    """redis-py's TLS options for a ``rediss://`` URL (:mod:`leafpool.core.tls`); none
+    for ``redis://``. With Sentinel, the scheme of the URL says whether the sentinels and
+    the data nodes speak TLS (``ssl``: the URL itself is not used to connect)."""
+    if not settings.redis_url.startswith("rediss://"):
+        return {}
+    tls = settings.redis_tls.redis_options()
+    return {"ssl": True, **tls} if settings.redis_topology == "sentinel" else tls
+
+
 def _open(flavour: _Flavour, settings: Settings | str, timeout: float) -> Any:
     options = {**_options(timeout), "retry": flavour.once}
     if isinstance(settings, str):
         return flavour.node.from_url(settings, **options)
+    tls = _tls(settings)
     topology = settings.redis_topology
     if topology == "cluster":
         return flavour.cluster.from_url(
             settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout,
-            retry=flavour.once)
+            retry=flavour.once, **tls)
     if topology == "sentinel":
         sentinel = flavour.sentinel(list(settings.sentinels),
-                                    sentinel_kwargs=_options(timeout), **options)
+                                    sentinel_kwargs={**_options(timeout), **tls},
+                                    **options, **tls)
         return sentinel.master_for(settings.redis_master_name,
-                                   **_url_auth(settings.redis_url), **options)
-    return flavour.node.from_url(settings.redis_url, **options)
+                                   **_url_auth(settings.redis_url), **options, **tls)
+    return flavour.node.from_url(settings.redis_url, **options, **tls)
 
 
 def connect(settings: Settings | str, *, timeout: float = 5.0) -> RedisClient:
@@ -109,7 +124,7 @@ def answers(client: RedisClient) -> bool:
     except redis.ConnectionError:
         return False
     except redis.RedisError as exc:
-        raise BackendUnavailable(f"redis: PING: {exc}") from exc
+        raise wrap(exc, "PING") from exc
 
 
 @contextmanager
@@ -118,10 +133,4 @@ def redis_errors(what: str) -> Iterator[None]:
     try:
         yield
     except redis.RedisError as exc:
-        raise BackendUnavailable(f"redis: {what}: {exc}") from exc
-
-
-def wrap(exc: redis.RedisError, what: str) -> BackendUnavailable:
-    """The leafpool error for ``exc`` (for hot paths that catch redis-py's errors
-    themselves rather than enter :func:`redis_errors`)."""
-    return BackendUnavailable(f"redis: {what}: {exc}")
+        raise wrap(exc, what) from exc

@@ -16,8 +16,9 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from leafpool.core.errors import BackendUnavailable, ConfigurationError
+from leafpool.core.errors import ConfigurationError
 from leafpool.core.setting_values import ALL_REPLICAS, POP_REPLICAS_ENV
+from leafpool.redis.errors import wrap
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def connected_replicas(client: Any) -> int:
         return min(int(m.info("replication").get("connected_slaves", 0))
                    for m in _masters(client))
     except redis.RedisError as exc:
-        raise BackendUnavailable(f"redis: INFO replication: {exc}") from exc
+        raise wrap(exc, "INFO replication") from exc
 
 
 def required(client: Any, wanted: int | str) -> int:
@@ -86,7 +87,7 @@ def replication_id(client: Any, key: str) -> tuple[str, str]:
         pipe.client_info()
         info, me = pipe.execute()
     except redis.RedisError as exc:
-        raise BackendUnavailable(f"redis: INFO replication: {exc}") from exc
+        raise wrap(exc, "INFO replication") from exc
     return str(info.get("master_replid", "")), str(me.get("laddr", "?"))
 
 

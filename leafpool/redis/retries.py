@@ -50,6 +50,7 @@ from redis.exceptions import AuthenticationError
 from redis.retry import Retry
 
 from leafpool.core.errors import BackendUnavailable, ReplyLost
+from leafpool.redis.errors import wrap
 
 T = TypeVar("T")
 
@@ -116,14 +117,14 @@ def send_once(client: Any, commands: Sequence[Sequence[Any]], what: str,
     try:
         conn = pool.get_connection()  # connects (nothing sent yet)
     except (redis.RedisError, OSError) as exc:
-        raise BackendUnavailable(f"redis: {what}: {exc}") from exc
+        raise wrap(exc, what) from exc
     try:
         try:
             conn.check_health()  # its PING before the commands leave, not among them
             conn.send_packed_command(conn.pack_commands(commands), check_health=False)
         except (redis.RedisError, OSError) as exc:
             conn.disconnect()
-            raise BackendUnavailable(f"redis: {what}: {exc}") from exc
+            raise wrap(exc, what) from exc
         try:
             return _read_all(conn, len(commands))
         except BaseException as exc:
@@ -147,7 +148,7 @@ async def send_once_async(client: Any, commands: Sequence[Sequence[Any]], what: 
     try:
         conn = await pool.get_connection()  # connects (nothing sent yet)
     except (redis.RedisError, OSError) as exc:
-        raise BackendUnavailable(f"redis: {what}: {exc}") from exc
+        raise wrap(exc, what) from exc
     sent = False
     try:
         try:
@@ -156,7 +157,7 @@ async def send_once_async(client: Any, commands: Sequence[Sequence[Any]], what: 
             await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
         except (redis.RedisError, OSError) as exc:
             await conn.disconnect(nowait=True)
-            raise BackendUnavailable(f"redis: {what}: {exc}") from exc
+            raise wrap(exc, what) from exc
         out: list[Any] = []
         for _ in commands:
             try:

@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from leafpool.core.errors import BackendUnavailable
+from leafpool.redis.errors import wrap
 
 INVALIDATE = "__redis__:invalidate"
 
@@ -49,7 +50,7 @@ class Tracking:
         except BaseException as exc:
             self.close()
             if isinstance(exc, redis.RedisError | OSError):
-                raise BackendUnavailable(f"redis: tracking: {exc}") from exc
+                raise wrap(exc, "tracking") from exc
             raise
         return self
 
@@ -62,7 +63,7 @@ class Tracking:
         try:
             return bool(self._sub.can_read(timeout=timeout))
         except (redis.RedisError, OSError) as exc:
-            raise BackendUnavailable(f"redis: tracking: {exc}") from exc
+            raise wrap(exc, "tracking") from exc
 
     def messages(self) -> Iterator[list[str] | None]:
         """The keys each waiting invalidation names (None: a flush, every key of the
@@ -75,7 +76,7 @@ class Tracking:
                 if not self._sub.can_read(timeout=0):
                     return
         except (redis.RedisError, OSError) as exc:
-            raise BackendUnavailable(f"redis: tracking: {exc}") from exc
+            raise wrap(exc, "tracking") from exc
 
     def _message(self, msg: object) -> list[str] | None:
         if isinstance(msg, list) and msg and msg[0] == b"pong":
@@ -100,6 +101,6 @@ class Tracking:
             self.reader.send_command("ROLE")
             role = self.reader.read_response()
         except (redis.RedisError, OSError) as exc:
-            raise BackendUnavailable(f"redis: tracking: {exc}") from exc
+            raise wrap(exc, "tracking") from exc
         if isinstance(role, list) and role and role[0] not in (b"master", "master"):
             raise BackendUnavailable("redis: tracking: the watched node is no longer the master")

@@ -109,8 +109,10 @@ def _tmpdir(prefix: str) -> Path:
 
 # -- Redis -----------------------------------------------------------------------------
 
-def redis_server(config: Path | None = None, extra_args: list[str] | None = None) -> Server:
-    """A redis-server on a free port; ``config`` defaults to the shipped ops/redis.conf."""
+def redis_server(config: Path | None = None, extra_args: list[str] | None = None,
+                 tls_args: Callable[[int], list[str]] | None = None) -> Server:
+    """A redis-server on a free port; ``config`` defaults to the shipped ops/redis.conf;
+    ``tls_args(port)``: arguments that make the port a TLS port (tests/support/tls.py)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise NotInstalled("redis-server")
@@ -123,8 +125,9 @@ def redis_server(config: Path | None = None, extra_args: list[str] | None = None
     argv = [binary, str(conf), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(datadir),
             "--daemonize", "no", "--save", "", "--logfile", ""]
     argv += extra_args or []
+    argv += tls_args(port) if tls_args else []
     server = Server("redis", port, datadir, argv, datadir / "redis.log")
-    server.extra["url"] = f"redis://127.0.0.1:{port}/0"
+    server.extra["url"] = f"{'rediss' if tls_args else 'redis'}://127.0.0.1:{port}/0"
     server.start()
     return server
 

@@ -5,6 +5,7 @@ except under ``CI=true`` where it is a failure (CI must install what the tests n
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -61,10 +62,11 @@ def require_fuse() -> None:
         unavailable(reason)
 
 
-def redis_server(config: Path | None = None, extra_args: list[str] | None = None) -> Server:
+def redis_server(config: Path | None = None, extra_args: list[str] | None = None,
+                 tls_args: Callable[[int], list[str]] | None = None) -> Server:
     """A redis-server on a free port; ``config`` defaults to the shipped ops/redis.conf."""
     try:
-        return servers.redis_server(config, extra_args)
+        return servers.redis_server(config, extra_args, tls_args)
     except NotInstalled as exc:
         missing(exc.what)
 

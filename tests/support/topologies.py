@@ -46,6 +46,7 @@ from redis.cluster import ClusterNode, RedisCluster
 
 from leafpool.children import die_with_parent
 from tests.support.servers import ROOT, NotInstalled, Server, free_port
+from tests.support.tls import Pki
 
 __all__ = [
     "HOST", "REDIS_CONF", "Cluster", "ClusterEntry", "Node", "Replicated", "SentinelGroup",
@@ -110,6 +111,8 @@ class Node:
 
     server: Server
     kind: str  # "data", "sentinel" or "cluster", as started
+    #: redis-py's TLS options when the node speaks TLS only (tests/support/tls.py)
+    tls_options: dict[str, Any] = field(default_factory=dict)
     _client: redis.Redis | None = field(default=None, repr=False)
 
     @property
@@ -122,7 +125,7 @@ class Node:
 
     @property
     def url(self) -> str:
-        return f"redis://{HOST}:{self.server.port}/0"
+        return f"{'rediss' if self.tls_options else 'redis'}://{HOST}:{self.server.port}/0"
 
     @property
     def pid(self) -> int:
@@ -144,13 +147,14 @@ class Node:
         """A client of this node kept for the topology's own checks (closed on stop)."""
         if self._client is None:
             self._client = redis.Redis(HOST, self.port, socket_timeout=5,
-                                       socket_connect_timeout=2, decode_responses=True)
+                                       socket_connect_timeout=2, decode_responses=True,
+                                       **self.tls_options)
         return self._client
 
     def client(self, **kwargs: Any) -> redis.Redis:
         """A new client of this node; the caller closes it."""
         kwargs.setdefault("socket_timeout", 10)
-        return redis.Redis(HOST, self.port, **kwargs)
+        return redis.Redis(HOST, self.port, **self.tls_options, **kwargs)
 
     def info(self, section: str = "replication") -> dict[str, Any]:
         return self.admin.info(section)
@@ -210,7 +214,8 @@ def _launch(node: Node, timeout: float = 30.0) -> bool:
     def answers() -> str | None:
         if proc.poll() is not None:
             return None  # told apart below
-        with redis.Redis(HOST, server.port, socket_timeout=1, socket_connect_timeout=1) as c:
+        with redis.Redis(HOST, server.port, socket_timeout=1, socket_connect_timeout=1,
+                         **node.tls_options) as c:
             pid = int(c.info("server")["process_id"])
         return None if pid == proc.pid else f"port answered by pid {pid}"
 
@@ -233,7 +238,7 @@ def _tmpdir(prefix: str) -> Path:
 
 
 def _data_argv(port: int, datadir: Path, config: Path | None, appendfsync: str | None,
-               extra_args: Iterable[str]) -> list[str]:
+               extra_args: Iterable[str], tls: Pki | None = None) -> list[str]:
     # a copy of its own: Sentinel's failover sends CONFIG REWRITE, which rewrites the file a
     # node was started with (the shipped config must never get a throwaway node's port)
     own = datadir / "redis.conf"
@@ -247,6 +252,8 @@ def _data_argv(port: int, datadir: Path, config: Path | None, appendfsync: str |
         if appendfsync not in ("always", "everysec", "no"):
             raise ValueError(f"appendfsync={appendfsync!r}: use always, everysec or no")
         argv += ["--appendfsync", appendfsync]
+    if tls is not None:  # TLS only, replication too
+        argv += [*tls.tls_args(port), "--tls-replication", "yes"]
     return argv + list(extra_args)
 
 
@@ -264,9 +271,10 @@ def _stop_all() -> None:
 class Topology:
     """Processes and directories stopped and removed together (also a context manager)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: Pki | None = None) -> None:
         self.processes: list[Node] = []
         self.dirs: list[Path] = []
+        self.tls = tls  # every process speaks TLS only (tests/support/tls.py)
         _LIVE.add(self)
 
     def _start(self, kind: str, name: str,
@@ -279,7 +287,7 @@ class Topology:
             self.dirs.append(datadir)
             server = Server(name, port, datadir, argv_for(port, datadir),
                             datadir / f"{name}.log")
-            node = Node(server, kind)
+            node = Node(server, kind, self.tls.client_options() if self.tls else {})
             self.processes.append(node)
             if _launch(node):
                 return node
@@ -314,8 +322,8 @@ class Topology:
 class Replicated(Topology):
     """A master and its replicas (``replicaof``)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, tls: Pki | None = None) -> None:
+        super().__init__(tls)
         self.data: list[Node] = []  # master first, as started
         self.master: Node  # the current master (follows promote / wait_failover)
 
@@ -334,7 +342,7 @@ class Replicated(Topology):
             extra += ["--replicaof", HOST, str(replica_of.port)]
         name = "redis-master" if replica_of is None else "redis-replica"
         node = self._start("data", name, lambda p, d: _data_argv(p, d, config, appendfsync,
-                                                                 extra))
+                                                                 extra, self.tls))
         self.data.append(node)
         return node
 
@@ -424,8 +432,8 @@ def replicated(n_replicas: int = 1, config: Path | None = None, appendfsync: str
 class SentinelGroup(Replicated):
     """A master, its replicas and the sentinels watching them."""
 
-    def __init__(self, master_name: str, quorum: int) -> None:
-        super().__init__()
+    def __init__(self, master_name: str, quorum: int, tls: Pki | None = None) -> None:
+        super().__init__(tls)
         self.master_name = master_name
         self.quorum = quorum
         self.sentinels: list[Node] = []
@@ -511,14 +519,15 @@ def sentinel_group(n_replicas: int = 2, n_sentinels: int = 3, master_name: str =
                    down_after_ms: int = 1000, failover_timeout_ms: int = 5000,
                    quorum: int | None = None, config: Path | None = None,
                    appendfsync: str | None = None, extra_args: Iterable[str] = (),
-                   timeout: float = 30.0) -> SentinelGroup:
+                   timeout: float = 30.0, tls: Pki | None = None) -> SentinelGroup:
     """:func:`replicated` plus ``n_sentinels`` sentinels (``redis-server FILE --sentinel``,
     each with its own config file, which Sentinel rewrites) monitoring the master as
     ``master_name`` with ``quorum`` (default: a majority). Returned once every sentinel knows
-    the master, its replicas and the other sentinels."""
+    the master, its replicas and the other sentinels. ``tls``: every node and sentinel
+    speaks TLS only, with this PKI's certificates (replication and Sentinel's links too)."""
     quorum = quorum or n_sentinels // 2 + 1
     extra = list(extra_args)
-    top = SentinelGroup(master_name, quorum)
+    top = SentinelGroup(master_name, quorum, tls)
     try:
         top.master = top._start_data(None, config, appendfsync, extra)
         for _ in range(n_replicas):
@@ -529,8 +538,9 @@ def sentinel_group(n_replicas: int = 2, n_sentinels: int = 3, master_name: str =
 
             def argv(port: int, datadir: Path) -> list[str]:
                 conf = datadir / "sentinel.conf"
+                listen = tls.tls_conf(port) if tls else f"port {port}\n"
                 conf.write_text(
-                    f"port {port}\nbind {HOST}\ndaemonize no\nlogfile \"\"\ndir {datadir}\n"
+                    f"{listen}bind {HOST}\ndaemonize no\nlogfile \"\"\ndir {datadir}\n"
                     f"sentinel monitor {master_name} {HOST} {top.master.port} {quorum}\n"
                     f"sentinel down-after-milliseconds {master_name} {down_after_ms}\n"
                     f"sentinel failover-timeout {master_name} {failover_timeout_ms}\n"
