@@ -51,6 +51,9 @@ class Sizes:
     repl_single: int = 3_000  # replication: next_id calls per configuration and round
     repl_batch: int = 1_000  # replication: next_ids(100) calls per configuration and round
     repl_rounds: int = 5
+    tls_single: int = 10_000  # TLS: single-ID pops per case and round
+    tls_batch: int = 2_000  # TLS: 100-ID pops per case and round
+    tls_connects: int = 300  # TLS: new connections per case and round
 
     @property
     def tickets(self) -> int:
@@ -62,7 +65,8 @@ QUICK = Sizes(single=5_000, batch=1_000, repl_single=1_000, repl_batch=300, repl
 SMOKE = Sizes(single=200, batch=20, refill=2_000, fill=1_000, settle_s=3.0, memory=10_000,
               redis_requests=1_000, snowflake_rounds=1, snowflake_round_s=0.01,
               http=["--duration", "0.3", "--batch", "10", "--connections", "4", "--rounds", "1"],
-              repl_single=30, repl_batch=5, repl_rounds=1)
+              repl_single=30, repl_batch=5, repl_rounds=1, tls_single=50, tls_batch=5,
+              tls_connects=3)
 
 
 def snowflake_section(sizes: Sizes) -> None:
@@ -97,6 +101,12 @@ def tags_section(size: str) -> None:
                     .get(size, tags_bench.FULL))
 
 
+def tls_section(sizes: Sizes) -> None:
+    from bench import tls_bench
+
+    tls_bench.main(console, sizes.tls_single, sizes.tls_batch, sizes.tls_connects)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     size = parser.add_mutually_exclusive_group()
@@ -105,12 +115,12 @@ def main() -> None:
                       help="every section with tiny sizes, in seconds: proves the benchmarks "
                            "run; the figures mean nothing")
     parser.add_argument("--only", choices=["", "pools", "replication", "snowflake", "http",
-                                           "burst", "tags"],
+                                           "burst", "tags", "tls"],
                         default="", help="one section")
     args = parser.parse_args()
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
     sections = {"replication": replication_section, "snowflake": snowflake_section,
-                "http": http_section}
+                "http": http_section, "tls": tls_section}
     size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
     if args.only == "burst":
         burst_section(sizes, size_name)
@@ -204,6 +214,7 @@ def main() -> None:
 
     if args.only == "":
         replication_section(sizes)
+        tls_section(sizes)
         snowflake_section(sizes)
         http_section(sizes)
         burst_section(sizes, size_name)
