@@ -30,7 +30,7 @@ from tests.support import services
 from tests.support.processes import Proc, leafpool_env
 from tests.support.servers import NotInstalled
 from tests.support.tls import Pki, make_pki
-from tests.support.topologies import SentinelGroup, sentinel_group
+from tests.support.topologies import SentinelGroup, cluster, sentinel_group
 
 TAG = "order"
 
@@ -217,3 +217,24 @@ def test_sentinel_over_tls_serves_and_follows_a_failover(
     assert group.master is not old
     got += later
     assert got == sorted(set(got)) and len(got) == 100
+
+
+@pytest.mark.slow
+def test_a_redis_cluster_over_tls_serves(pki: Pki, sqlite_url: str) -> None:
+    """Cluster nodes that speak TLS only (the cluster bus too): leafpool reaches them by
+    a ``rediss://`` URL of any node, follows the slots, refills and pops."""
+    try:
+        group = cluster(masters=3, replicas_per_master=0, tls=pki)
+    except NotInstalled as exc:
+        services.missing(exc.what)
+    try:
+        settings = _settings(group.url, pki, sqlite_url, redis_cluster=True,
+                             broker_url="redis://127.0.0.1:1/0")
+        refiller, _pool = _refiller(settings, sqlite_url)
+        assert refiller.refill(TAG).pushed == 100
+        client = Client(settings=settings, policy="raise")
+        got = [client.next_id(TAG), *client.next_ids(TAG, 99)]
+        client.close()
+        assert got == sorted(set(got)) and len(got) == 100
+    finally:
+        group.stop()

@@ -579,8 +579,8 @@ class ClusterEntry:
 class Cluster(Topology):
     """A Redis Cluster: masters with slots and their replicas."""
 
-    def __init__(self, node_timeout_ms: int) -> None:
-        super().__init__()
+    def __init__(self, node_timeout_ms: int, tls: Pki | None = None) -> None:
+        super().__init__(tls)
         self.nodes: list[Node] = []
         self.node_timeout_ms = node_timeout_ms
         # remembered from every CLUSTER NODES read: after a failover the dead master is
@@ -640,7 +640,8 @@ class Cluster(Topology):
         """A redis-py RedisCluster knowing every live node; the caller closes it."""
         kwargs.setdefault("socket_timeout", 10)
         nodes = [ClusterNode(h, p) for h, p in self.startup_nodes]  # type: ignore[no-untyped-call]
-        return RedisCluster(startup_nodes=nodes, **kwargs)
+        tls = self.tls.client_options() if self.tls else {}
+        return RedisCluster(startup_nodes=nodes, **tls, **kwargs)
 
     def wait_ok(self, masters: int, timeout: float = 30.0) -> None:
         """Every live node reports ``cluster_state:ok`` and sees the same picture: ``masters``
@@ -703,16 +704,22 @@ class Cluster(Topology):
 
 def cluster(masters: int = 3, replicas_per_master: int = 1, node_timeout_ms: int = 1000,
             config: Path | None = None, appendfsync: str | None = None,
-            extra_args: Iterable[str] = (), timeout: float = 60.0) -> Cluster:
+            extra_args: Iterable[str] = (), timeout: float = 60.0,
+            tls: Pki | None = None) -> Cluster:
     """``masters * (1 + replicas_per_master)`` cluster nodes (each with its own bus port,
     ``cluster-port``), joined by ``redis-cli --cluster create``; returned once every node
     reports ``cluster_state:ok`` and every replica's link is up. ``node_timeout_ms`` is
-    ``cluster-node-timeout`` (Redis's default, 15 s, makes failover tests slow)."""
+    ``cluster-node-timeout`` (Redis's default, 15 s, makes failover tests slow). ``tls``:
+    every node speaks TLS only, the cluster bus too."""
     if masters < 3:
         raise ValueError(f"masters={masters}: a Redis Cluster needs at least 3")
     extra = list(extra_args)
     cli = _binary("redis-cli")
-    top = Cluster(node_timeout_ms)
+    top = Cluster(node_timeout_ms, tls)
+    tls_cli = ([] if tls is None else
+               ["--tls", "--cacert", tls.ca, "--cert", tls.client_cert, "--key", tls.client_key])
+    if tls is not None:
+        extra += ["--tls-cluster", "yes"]
     try:
         for _ in range(masters * (1 + replicas_per_master)):
 
@@ -721,11 +728,11 @@ def cluster(masters: int = 3, replicas_per_master: int = 1, node_timeout_ms: int
                     "--cluster-enabled", "yes",
                     "--cluster-config-file", str(datadir / "nodes.conf"),
                     "--cluster-port", str(free_port()),
-                    "--cluster-node-timeout", str(node_timeout_ms), *extra])
+                    "--cluster-node-timeout", str(node_timeout_ms), *extra], tls)
 
             top.nodes.append(top._start("cluster", "redis-cluster", argv))
         create = subprocess.run(
-            [cli, "--cluster", "create", *[f"{HOST}:{n.port}" for n in top.nodes],
+            [cli, *tls_cli, "--cluster", "create", *[f"{HOST}:{n.port}" for n in top.nodes],
              "--cluster-replicas", str(replicas_per_master), "--cluster-yes"],
             capture_output=True, text=True, timeout=timeout,
             preexec_fn=die_with_parent(signal.SIGKILL))
