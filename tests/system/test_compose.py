@@ -1,6 +1,10 @@
 """docker-compose.yml and the Dockerfile: validated by Debian's docker-compose
 (`docker-compose config`, no Docker engine needed) and checked for what a production-like
-start needs: every service, healthchecks, depends_on conditions, volumes, settings."""
+start needs: every service, healthchecks, depends_on conditions, volumes, settings; and
+its secure default (issue 18): every secret required, Redis's ACL file loaded with the
+default user off and protected mode on, each leafpool service logged in as its role,
+published ports on loopback, Flower behind basic auth. tests/system/test_compose_redis.py
+runs the Redis side for real."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -22,26 +27,59 @@ COMPOSE = ROOT / "docker-compose.yml"
 CORE = {"mysql", "redis", "zookeeper", "segment-worker", "snowflake-worker", "beat", "flower",
         "http"}
 LEAFPOOL_SERVICES = {"segment-worker", "snowflake-worker", "beat", "flower", "http"}
+#: the Redis role of every service running the leafpool image (but redis-acl, which
+#: writes the ACL file and logs in to nothing)
+ROLE_OF = {"segment-worker": "worker", "snowflake-worker": "worker", "beat": "worker",
+           "flower": "worker", "http": "http", "migrate": "admin", "admin": "admin",
+           "segment-worker-ha": "worker", "http-ha": "http"}
+ROLES = ("app", "worker", "monitor", "http", "admin")
+#: what an operator's .env must hold (README, docker compose): a dummy value each, told
+#: apart from one another
+SECRETS = {
+    "MYSQL_PASSWORD": "dummy-mysql", "MYSQL_ROOT_PASSWORD": "dummy-mysql-root",
+    **{f"LEAFPOOL_ACL_{role.upper()}_PASSWORD": f"dummy-{role}" for role in ROLES},
+    "FLOWER_BASIC_AUTH": "flower:dummy-flower",
+}
+#: needed by `--profile ha` only (its nodes refuse to start without them)
+HA_SECRETS = {"REDIS_REPLICATION_PASSWORD": "dummy-replication",
+              "REDIS_SENTINEL_PASSWORD": "dummy-sentinel"}
+DATA_NODES = ("redis", "redis-ha-master", "redis-ha-replica")
+ACL_FILE = "/etc/redis-acl/users.acl"
 
 
-def _compose_config() -> dict[str, Any]:
+def compose(tmp: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`docker-compose config` with ``env`` only (no developer's .env or shell variable
+    leaks in)."""
     binary = shutil.which("docker-compose")
     if binary is None:
         missing("docker-compose (Debian package docker-compose)")
     assert binary
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("LEAFPOOL_", "MYSQL_", "COMPOSE_"))}
-    done = subprocess.run([binary, "-f", str(COMPOSE), "config"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    empty = tmp / "empty.env"
+    empty.write_text("")
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("LEAFPOOL_", "MYSQL_", "COMPOSE_", "REDIS_", "FLOWER_"))}
+    return subprocess.run([binary, "-f", str(COMPOSE), "--env-file", str(empty), "config"],
+                          cwd=ROOT, env={**base, **env}, capture_output=True, text=True,
+                          timeout=60)
+
+
+def compose_config(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
+    done = compose(tmp, env)
     assert done.returncode == 0, done.stderr
     config: dict[str, Any] = yaml.safe_load(done.stdout)
     return config
 
 
+def unescape(text: str) -> str:
+    """A command as the container's shell gets it (`config` prints ``$`` as ``$$``)."""
+    return text.replace("$$", "$")
+
+
 @pytest.fixture(scope="module")
-def resolved() -> dict[str, Any]:
-    """The file as docker-compose resolves it (anchors, merges, variables applied)."""
-    return _compose_config()
+def resolved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The file as docker-compose resolves it (anchors, merges, variables applied), with
+    every secret set."""
+    return compose_config(tmp_path_factory.mktemp("compose"), {**SECRETS, **HA_SECRETS})
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +177,9 @@ def test_leafpool_environment_names_real_settings(services: dict[str, Any]) -> N
         env = services[name]["environment"]
         names = {k for k in env if k.startswith("LEAFPOOL_")}
         assert names - known == set(), name
-        assert env["LEAFPOOL_REDIS_URL"] == "redis://redis:6379/0"
-        assert env["LEAFPOOL_DATABASE_URL"].startswith("mysql+pymysql://leaf:")
-        assert env["LEAFPOOL_DATABASE_URL"].endswith("@mysql:3306/leaf")
+        assert env["LEAFPOOL_REDIS_URL"].endswith("@redis:6379/0"), name
+        assert env["LEAFPOOL_DATABASE_URL"] == (
+            f"mysql+pymysql://leaf:{SECRETS['MYSQL_PASSWORD']}@mysql:3306/leaf")
         assert env["LEAFPOOL_ZK_HOSTS"] == "zookeeper:2181"
     assert services["http"]["environment"]["LEAFPOOL_HTTP_HOST"] == "0.0.0.0"
 
@@ -163,12 +201,22 @@ def test_the_ha_profile_runs_a_master_a_replica_three_sentinels_and_follows_them
     ha = {name for name, svc in services.items() if "ha" in svc.get("profiles", [])}
     assert ha == {"redis-ha-master", "redis-ha-replica", "sentinel-1", "sentinel-2",
                   "sentinel-3", "segment-worker-ha", "http-ha"}
-    assert services["redis-ha-replica"]["command"][-3:] == ["--replicaof", "redis-ha-master",
-                                                           "6379"]
+    assert services["redis-ha-replica"]["command"][-1].endswith(
+        "--replicaof redis-ha-master 6379")
     for name in ("sentinel-1", "sentinel-2", "sentinel-3"):
-        script = services[name]["command"][-1]
+        script = unescape(services[name]["command"][-1])
         assert "sentinel monitor leafpool redis-ha-master 6379 2" in script
         assert script.rstrip().endswith("--sentinel")
+        # the sentinels log in to the data nodes as leafpool-sentinel
+        assert "sentinel auth-user leafpool leafpool-sentinel" in script
+        assert 'sentinel auth-pass leafpool "%s"' in script
+        assert '"$REDIS_SENTINEL_PASSWORD" > /tmp/sentinel.conf' in script
+        assert services[name]["environment"]["REDIS_SENTINEL_PASSWORD"] == "dummy-sentinel"
+    for name in ("redis-ha-master", "redis-ha-replica"):  # and the nodes to their master
+        script = unescape(services[name]["command"][-1])
+        assert "masteruser leafpool-replication" in script and "--include " in script
+        assert services[name]["environment"]["REDIS_REPLICATION_PASSWORD"] == (
+            "dummy-replication")
     for name in ("segment-worker-ha", "http-ha"):
         env = services[name]["environment"]
         settings = Settings(**{k.removeprefix("LEAFPOOL_").lower(): v for k, v in env.items()
@@ -176,5 +224,121 @@ def test_the_ha_profile_runs_a_master_a_replica_three_sentinels_and_follows_them
                                and k != "LEAFPOOL_DATABASE_URL"})
         assert settings.redis_topology == "sentinel" and settings.pop_replicas == "1"
         assert [h for h, _ in settings.sentinels] == ["sentinel-1", "sentinel-2", "sentinel-3"]
-        assert settings.broker_url.startswith("sentinel://sentinel-1:26379/0;")
         assert settings.broker_options == {"master_name": "leafpool"}
+    # the worker's Celery: over the same sentinels as the worker role, on the broker
+    # database the ACL file names (the HTTP service sends no task)
+    broker = services["segment-worker-ha"]["environment"]["LEAFPOOL_BROKER_URL"]
+    worker = f"leafpool-worker:{SECRETS['LEAFPOOL_ACL_WORKER_PASSWORD']}"
+    assert broker.split(";") == [f"sentinel://{worker}@sentinel-{i}:26379/1" for i in (1, 2, 3)]
+
+
+# -- the secure default (issue 18) ----------------------------------------------------------
+
+def _urls(env: dict[str, Any]) -> dict[str, str]:
+    return {k: v for k, v in env.items()
+            if k in ("LEAFPOOL_REDIS_URL", "LEAFPOOL_BROKER_URL") and v}
+
+
+def test_every_leafpool_service_logs_in_to_redis_as_its_role_and_holds_no_other_password(
+    services: dict[str, Any],
+) -> None:
+    image = {n for n, svc in services.items() if svc.get("image") == "leafpool:latest"}
+    assert image - {"redis-acl"} == set(ROLE_OF), "a leafpool service without a role"
+    for name, role in ROLE_OF.items():
+        env = services[name]["environment"]
+        urls = _urls(env)
+        assert "LEAFPOOL_REDIS_URL" in urls, name
+        for variable, url in urls.items():
+            for part in url.split(";"):
+                split = urlsplit(part)
+                assert (split.username, split.password) == (
+                    f"leafpool-{role}", SECRETS[f"LEAFPOOL_ACL_{role.upper()}_PASSWORD"]), (
+                    name, variable)
+        text = " ".join(str(v) for v in env.values())
+        assert [r for r in ROLES if f"dummy-{r}" in text] == [role], name
+        assert "REDISCLI_AUTH" not in env, name
+        assert ("FLOWER_BASIC_AUTH" in env) == (name == "flower"), name
+
+
+def test_redis_loads_the_acl_file_with_protected_mode_on_on_every_data_node(
+    services: dict[str, Any],
+) -> None:
+    for name, svc in services.items():
+        command = unescape(" ".join(svc.get("command") or []))
+        assert not re.search(r"protected-mode\W+no", command), name
+    for name in DATA_NODES:
+        command = unescape(" ".join(services[name]["command"]))
+        assert f"--aclfile {ACL_FILE}" in command, name
+        assert re.search(r"--protected-mode\W+yes", command), name
+        assert _mounts(services[name])["/etc/redis-acl"] == "redis-acl", name
+        assert any(v.endswith(":/etc/redis-acl:ro") for v in services[name]["volumes"]
+                   if isinstance(v, str)), f"{name}: the ACL file read-only"
+        assert services[name]["depends_on"].get("redis-acl", {"condition": "ha"})[
+            "condition"] in ("service_completed_successfully", "ha"), name
+        # the health check logs in as the monitor role
+        check = " ".join(services[name]["healthcheck"]["test"])
+        assert "redis-cli --user leafpool-monitor ping" in check, name
+        assert services[name]["environment"]["REDISCLI_AUTH"] == SECRETS[
+            "LEAFPOOL_ACL_MONITOR_PASSWORD"]
+    assert services["redis"]["depends_on"]["redis-acl"]["condition"] == (
+        "service_completed_successfully")
+    assert services["redis-ha-master"]["depends_on"]["redis-acl"]["condition"] == (
+        "service_completed_successfully")
+
+
+def test_the_acl_file_is_written_by_leafpool_redis_acl_with_the_default_user_off(
+    services: dict[str, Any],
+) -> None:
+    acl = services["redis-acl"]
+    script = unescape(acl["command"][-1])
+    assert "leafpool redis acl --disable-default >" in script
+    assert ACL_FILE in script and _mounts(acl)["/etc/redis-acl"] == "redis-acl"
+    for role in ROLES:  # every role's password, as given
+        variable = f"LEAFPOOL_ACL_{role.upper()}_PASSWORD"
+        assert acl["environment"][variable] == SECRETS[variable]
+    # the channels the ACL file names are those of the workers' broker database
+    db = urlsplit(acl["environment"]["LEAFPOOL_BROKER_URL"]).path
+    for name, role in ROLE_OF.items():
+        broker = services[name]["environment"].get("LEAFPOOL_BROKER_URL")
+        if role == "worker":
+            assert broker and all(urlsplit(u).path == db for u in broker.split(";")), name
+
+
+def test_published_ports_listen_on_loopback_only(services: dict[str, Any]) -> None:
+    published = {name: svc["ports"] for name, svc in services.items() if svc.get("ports")}
+    assert {"http", "flower", "http-ha", "prometheus", "grafana"} <= set(published)
+    for name, ports in published.items():
+        for port in ports:
+            text = port if isinstance(port, str) else f"{port['host_ip']}:{port['published']}"
+            assert text.startswith("127.0.0.1:"), (name, port)
+
+
+def test_flower_asks_for_basic_auth_and_its_healthcheck_needs_none(
+    services: dict[str, Any],
+) -> None:
+    flower = services["flower"]
+    assert flower["environment"]["FLOWER_BASIC_AUTH"] == SECRETS["FLOWER_BASIC_AUTH"]
+    assert not any("basic" in part for part in flower["command"])  # not on a command line
+    # Flower 2.2 serves /healthcheck without authentication (flower/views/monitor.py);
+    # tests/system/test_flower_secrets.py runs it
+    assert "/healthcheck" in " ".join(flower["healthcheck"]["test"])
+
+
+@pytest.mark.parametrize("variable", sorted(SECRETS))
+def test_a_missing_secret_stops_compose_naming_it(variable: str, tmp_path: Path) -> None:
+    done = compose(tmp_path, {k: v for k, v in SECRETS.items() if k != variable})
+    assert done.returncode != 0
+    assert f"set {variable}" in done.stderr, done.stderr
+
+
+def test_the_ha_secrets_are_needed_by_the_ha_profile_only(tmp_path: Path) -> None:
+    config = compose_config(tmp_path, SECRETS)  # `docker compose up` without them
+    services = config["services"]
+    for name, variable in [("redis-ha-master", "REDIS_REPLICATION_PASSWORD"),
+                           ("redis-ha-replica", "REDIS_REPLICATION_PASSWORD"),
+                           ("sentinel-1", "REDIS_SENTINEL_PASSWORD")]:
+        assert "ha" in services[name]["profiles"]
+        script = unescape(services[name]["command"][-1])
+        # the node refuses to start without it, naming it
+        assert script.startswith(f': "${{{variable}:?set {variable} in .env'), name
+        assert services[name]["environment"][variable] == ""

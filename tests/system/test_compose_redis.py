@@ -1,0 +1,305 @@
+"""docker-compose.yml's Redis, run for real outside a container: the redis-acl service's
+own script writes the ACL file (with the venv's ``leafpool``), a redis-server starts with
+the arguments compose gives the redis service (container paths mapped to test
+directories, listening on loopback and on this host's other address, as a container on the
+compose network would reach it): no client gets in without a password, each leafpool
+service's URL logs in as its role, the health checks pass under their roles, and protected
+mode refuses other hosts should the default user be left open. With ``--profile ha``: the
+data nodes' and sentinel's own scripts, replication and a failover under those users."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from leafpool.core.config import load_settings
+from leafpool.redis.connect import connect
+from tests.support import services
+from tests.support.servers import Server
+from tests.system.test_compose import (
+    ACL_FILE,
+    HA_SECRETS,
+    ROLE_OF,
+    SECRETS,
+    compose_config,
+    unescape,
+)
+
+CONF = "/usr/local/etc/redis/redis.conf"
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    services_: dict[str, Any] = compose_config(tmp_path_factory.mktemp("compose"),
+                                               {**SECRETS, **HA_SECRETS})["services"]
+    return services_
+
+
+def _external_address() -> str:
+    """This host's address on its network (what a container on compose's network has)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: routing only
+        except OSError:
+            services.unavailable("no network address besides loopback")
+        address: str = probe.getsockname()[0]
+    if address.startswith("127."):
+        services.unavailable("no network address besides loopback")
+    return address
+
+
+def _write_acl(config: dict[str, Any], directory: Path, *, default_off: bool = True) -> Path:
+    """The ACL file, written by the redis-acl service's own script and environment."""
+    service = config["redis-acl"]
+    script = unescape(service["command"][-1]).replace("/etc/redis-acl", str(directory))
+    if not default_off:  # what an operator's own file without the default line would do
+        script = script.replace(" --disable-default", "")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
+    env.update(service["environment"], LEAFPOOL_HOME=str(directory / "home"), COLUMNS="80",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return directory / "users.acl"
+
+
+def _redis_args(config: dict[str, Any], acl: Path, address: str) -> list[str]:
+    """The redis service's arguments (its config file is the shipped one, which the
+    helper passes), with the ACL file's path mapped and listening on loopback and
+    ``address`` instead of every address."""
+    command = list(config["redis"]["command"])
+    assert command[:2] == ["redis-server", CONF]
+    args = []
+    rest = iter(command[2:])
+    for arg in rest:
+        if arg == "--bind":
+            assert next(rest) == "0.0.0.0"
+            args += ["--bind", "127.0.0.1", address]
+        elif arg == "--dir":
+            next(rest)  # the helper's own directory
+        else:
+            args.append(arg.replace(ACL_FILE, str(acl)))
+    return args
+
+
+@pytest.fixture(scope="module")
+def address() -> str:
+    return _external_address()
+
+
+@pytest.fixture(scope="module")
+def compose_redis(config: dict[str, Any], address: str,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    acl = _write_acl(config, tmp_path_factory.mktemp("redis-acl"))
+    server = services.redis_server(extra_args=_redis_args(config, acl, address))
+    yield server
+    server.stop()
+
+
+def _once(url: str) -> redis.Redis:
+    """A client that tries once (redis-py would retry a refused login with backoff)."""
+    return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), socket_timeout=5)
+
+
+def _here(url: str, address: str, port: int) -> str:
+    """A compose URL pointed at the test's server."""
+    assert "@redis:6379/" in url
+    return url.replace("@redis:6379/", f"@{address}:{port}/")
+
+
+def test_no_client_reaches_redis_without_a_password(
+    compose_redis: Server, address: str
+) -> None:
+    for host in ("127.0.0.1", address):
+        with pytest.raises(redis.AuthenticationError):
+            _once(f"redis://{host}:{compose_redis.port}/0").ping()
+        with pytest.raises(redis.AuthenticationError):
+            _once(f"redis://default:@{host}:{compose_redis.port}/0").ping()
+        with pytest.raises(redis.AuthenticationError):  # a role's user, a wrong password
+            _once(f"redis://leafpool-admin:nope@{host}:{compose_redis.port}/0").ping()
+
+
+def test_each_leafpool_service_logs_in_as_its_role(
+    config: dict[str, Any], compose_redis: Server, address: str
+) -> None:
+    for name, role in ROLE_OF.items():
+        env = config[name]["environment"]
+        if "LEAFPOOL_REDIS_SENTINELS" in env:
+            continue  # the ha profile: below
+        for variable in ("LEAFPOOL_REDIS_URL", "LEAFPOOL_BROKER_URL"):
+            if not env.get(variable):
+                continue
+            assert urlsplit(env[variable]).username == f"leafpool-{role}"
+            client = _once(_here(env[variable], address, compose_redis.port))
+            assert client.ping(), (name, variable)
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                client.flushall()  # a role, not the default user's everything
+            client.close()
+    app = _once(f"redis://leafpool-app:{SECRETS['LEAFPOOL_ACL_APP_PASSWORD']}"
+                f"@{address}:{compose_redis.port}/0")
+    assert app.lpop("leafpool:{order}:ids") is None  # the applications' role is there too
+    app.close()
+
+
+def _run_check(test: list[str], env: dict[str, str]) -> int:
+    """A health check's exit code (the image's ``python`` is the venv's here); one that
+    fails must fail quietly, for its own reason, not on an error."""
+    argv = ["sh", "-c", test[1]] if test[0] == "CMD-SHELL" else test[1:]
+    if argv[0] == "python":
+        argv[0] = sys.executable
+    done = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=30)
+    assert "Error" not in done.stderr, done.stderr
+    return done.returncode
+
+
+def test_the_health_checks_pass_under_their_roles(
+    config: dict[str, Any], compose_redis: Server, address: str
+) -> None:
+    port = compose_redis.port
+    check = list(config["redis"]["healthcheck"]["test"])
+    check[1] = check[1].replace("redis-cli ", f"redis-cli -p {port} ")
+    auth = config["redis"]["environment"]["REDISCLI_AUTH"]
+    assert _run_check(check, {"REDISCLI_AUTH": auth}) == 0
+    assert _run_check(check, {"REDISCLI_AUTH": auth + "x"}) != 0
+    # the beat's: its lock, read with the worker role's URL
+    beat = config["beat"]
+    url = _here(beat["environment"]["LEAFPOOL_REDIS_URL"], address, port)
+    env = {"LEAFPOOL_REDIS_URL": url}
+    assert _run_check(beat["healthcheck"]["test"], env) == 1  # no beat holds the lock
+    worker = _once(url)
+    worker.set("leafpool:beat:lock", "a beat", px=60_000)
+    assert _run_check(beat["healthcheck"]["test"], env) == 0
+    worker.delete("leafpool:beat:lock")
+    worker.close()
+
+
+def test_protected_mode_refuses_other_hosts_should_the_default_user_be_left_open(
+    config: dict[str, Any], address: str, tmp_path: Path
+) -> None:
+    acl = _write_acl(config, tmp_path, default_off=False)
+    server = services.redis_server(extra_args=_redis_args(config, acl, address))
+    try:
+        assert _once(f"redis://127.0.0.1:{server.port}/0").ping()  # loopback: let in
+        with pytest.raises(redis.RedisError, match="DENIED Redis is running in protected mode"):
+            _once(f"redis://{address}:{server.port}/0").ping()
+    finally:
+        server.stop()
+
+
+# -- --profile ha --------------------------------------------------------------------------
+
+def _node(name: str, script: str, env: dict[str, str], port: int, home: Path,
+          subs: dict[str, str]) -> Server:
+    """A service's own ``sh -c`` script, with container names and paths mapped; its own
+    copy of the shipped redis.conf (a failover's CONFIG REWRITE writes into it)."""
+    home.mkdir()
+    (home / "redis.conf").write_text((services.ROOT / "ops" / "redis" / "redis.conf").read_text())
+    for old, new in subs.items():
+        assert old in script, (name, old)
+        script = script.replace(old, new.format(home=home, port=port))
+    argv = ["env", *(f"{k}={v}" for k, v in env.items()), "sh", "-c", script]
+    server = Server(name, port, home, argv, home.parent / f"{name}.log")
+    server.start()
+    return server
+
+
+def _info(url: str) -> dict[str, Any]:
+    client = _once(url)
+    try:
+        return client.info("replication")
+    except redis.RedisError:
+        return {}
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
+def test_the_ha_nodes_replicate_and_fail_over_under_their_users(
+    config: dict[str, Any], tmp_path: Path
+) -> None:
+    """The master's, replica's and a sentinel's own scripts: the replica syncs as
+    leafpool-replication, the sentinel sees both as leafpool-sentinel, the worker role
+    writes through it; after the master is killed the sentinel promotes the replica, and
+    the old master, back, syncs from it (it logs in as leafpool-replication too)."""
+    (tmp_path / "acl-dir").mkdir()
+    acl = _write_acl(config, tmp_path / "acl-dir")
+    users = [line.split()[1] for line in acl.read_text().splitlines()]
+    assert users[-2:] == ["leafpool-replication", "leafpool-sentinel"]
+    mport, rport, sport = (services.free_port() for _ in range(3))
+    data = {"/data": "{home}", "docker-entrypoint.sh redis-server": "redis-server",
+            CONF: "{home}/redis.conf", "/etc/redis-acl": str(acl.parent),
+            "--bind 0.0.0.0": "--bind 127.0.0.1 --port {port}"}
+    nodes: list[Server] = []
+    try:
+        nodes.append(_node("master", unescape(config["redis-ha-master"]["command"][-1]),
+                           config["redis-ha-master"]["environment"], mport, tmp_path / "m",
+                           data))
+        nodes.append(_node(
+            "replica", unescape(config["redis-ha-replica"]["command"][-1]),
+            config["redis-ha-replica"]["environment"], rport, tmp_path / "r",
+            {**data, "redis-ha-master 6379": f"127.0.0.1 {mport}"}))
+        monitor = f"redis://leafpool-monitor:{SECRETS['LEAFPOOL_ACL_MONITOR_PASSWORD']}@127.0.0.1"
+        services.wait_until(
+            lambda: _info(f"{monitor}:{rport}/0").get("master_link_status") == "up", 30,
+            "the replica's sync as leafpool-replication")
+        nodes.append(_node(
+            "sentinel", unescape(config["sentinel-1"]["command"][-1]),
+            config["sentinel-1"]["environment"], sport, tmp_path / "s",
+            {"port 26379": "port {port}\\nbind 127.0.0.1",
+             "redis-ha-master 6379 2": f"127.0.0.1 {mport} 1",
+             "down-after-milliseconds leafpool 5000": "down-after-milliseconds leafpool 1000",
+             "/tmp/sentinel.conf": "{home}/sentinel.conf"}))
+        sentinel = redis.Redis(port=sport, decode_responses=True)
+
+        def sees(master: int, replicas: int) -> bool:
+            state = sentinel.sentinel_master("leafpool")
+            return (int(state["port"]) == master and state["flags"] == "master"
+                    and int(state["num-slaves"]) == replicas
+                    and all(r["flags"] == "slave"
+                            for r in sentinel.sentinel_slaves("leafpool")))
+
+        services.wait_until(lambda: sees(mport, 1), 30, "the sentinel's view, logged in")
+        # the worker's pools, as leafpool opens them from the service's settings
+        worker = load_settings(
+            redis_url=config["segment-worker-ha"]["environment"]["LEAFPOOL_REDIS_URL"],
+            redis_sentinels=f"127.0.0.1:{sport}", redis_master_name="leafpool",
+            database_url=f"sqlite:///{tmp_path / 'leafpool.sqlite3'}")
+
+        def write(value: str) -> None:
+            master = connect(worker)
+            master.set("leafpool:probe", value)
+            assert master.wait(1, 5000) == 1  # the replica has it
+            master.close()
+
+        write("before")
+        nodes[0].kill(signal.SIGKILL)
+        services.wait_until(
+            lambda: sentinel.sentinel_get_master_addr_by_name("leafpool")[1] == rport, 60,
+            "the failover")
+        old = _info(f"{monitor}:{rport}/0")
+        assert old.get("role") == "master"
+        nodes[0].start()  # the old master, back: the sentinel makes it a replica
+
+        def synced() -> bool:
+            info = _info(f"{monitor}:{mport}/0")
+            return info.get("role") == "slave" and info.get("master_link_status") == "up"
+
+        services.wait_until(synced, 90, "the old master's sync from the new one")
+        write("after")
+        sentinel.close()
+    finally:
+        for node in reversed(nodes):
+            node.stop()
