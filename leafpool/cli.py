@@ -68,12 +68,18 @@ def tag_add(
         help="segment: the first ID handed out (default 1, or where a removed tag of "
              "this name stopped)")] = None,
     description: Annotated[str | None, typer.Option(help="Free text")] = None,
+    guard: Annotated[str | None, typer.Option(
+        metavar="TABLE.COLUMN", help="segment: where the application stores the IDs "
+        "([SCHEMA.]TABLE.COLUMN); ranges start above its MAX when Redis has no mark for "
+        "the tag and before a heal")] = None,
 ) -> None:
     """Add a tag: segment mode (needs --step) or snowflake mode."""
     rt = runtime()
     if mode == "snowflake":
-        if step is not None:
-            raise InvalidArgument("step", step, "not used by snowflake tags; leave it out")
+        if step is not None or guard is not None:
+            raise InvalidArgument("step" if step is not None else "guard",
+                                  step if step is not None else guard,
+                                  "not used by snowflake tags; leave it out")
         rt.store.add_snowflake_tag(tag, description)
         _register(rt, tag, "snowflake")
         out.print(f"{tag}: added (snowflake)")
@@ -82,11 +88,37 @@ def tag_add(
         raise InvalidArgument("mode", mode, "segment or snowflake")
     if step is None:
         raise InvalidArgument("step", None, "required for segment tags: 1 to 1,000,000")
-    row = rt.store.add_tag(tag, step, start, description)
+    row = rt.store.add_tag(tag, step, start, description, guard)
     _register(rt, tag, "segment", step)
-    resumed = " (a removed tag of this name stopped there)" if start is None and \
-        row.max_id > 1 else ""
-    out.print(f"{tag}: added (step {step}, first ID {row.max_id}{resumed})")
+    resumed = " (above what a removed tag of this name or the guard holds)" if \
+        start is None and row.max_id > 1 else ""
+    guarded = f", guard {guard}" if guard else ""
+    out.print(f"{tag}: added (step {step}, first ID {row.max_id}{resumed}{guarded})")
+
+
+@tag_app.command("guard")
+@reports_errors
+def tag_guard(
+    tag: str,
+    guard: Annotated[str | None, typer.Argument(
+        metavar="[TABLE.COLUMN]", help="[SCHEMA.]TABLE.COLUMN holding the IDs the "
+        "application stored; leave out to show the tag's guard")] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Remove the tag's guard")] = False,
+) -> None:
+    """Show, set or clear a segment tag's guard (docs/design.md §7.3): read as SELECT
+    MAX(COLUMN) FROM TABLE, the worker's database user needs SELECT on TABLE."""
+    if guard is not None and clear:
+        raise InvalidArgument("guard", guard, "either TABLE.COLUMN or --clear, not both")
+    store = runtime().store
+    if clear or guard is not None:
+        stored = store.set_guard(tag, guard)
+        out.print(f"{tag}: guard {guard} set (it reads {stored})" if guard else
+                  f"{tag}: guard cleared", highlight=False)
+        return
+    store.get_tag(tag)  # UnknownTag unless a segment tag
+    now = store.guard(tag)
+    out.print(f"{tag}: guard {now.guard} (it reads {now.max_id})" if now else
+              f"{tag}: no guard", highlight=False)
 
 
 @tag_app.command("list")

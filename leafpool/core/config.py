@@ -108,12 +108,21 @@ class Settings(BaseSettings):
     low_water_ratio: float = Field(0.5, gt=0, lt=1)
     chunk_size: int = Field(1_000, ge=1, le=100_000)
     reserve_seconds: float = Field(60.0, gt=0, le=DAY)
+    # the reserve also holds this many seconds of the tag's recent peak demand, so the
+    # pool rides through a database outage that long (docs/design.md §3.2); 0: off
+    outage_seconds: float = Field(600.0, ge=0, le=DAY)
     rate_smoothing: float = Field(0.3, gt=0, le=1)
 
     # dynamic step (Leaf: 15 and 30 minutes)
     step_grow_seconds: float = Field(15 * MINUTE, gt=0, le=7 * DAY)
     step_shrink_seconds: float = Field(30 * MINUTE, gt=0, le=7 * DAY)
     max_step: int = Field(MAX_STEP, ge=1, le=MAX_STEP)
+
+    # a leaf_alloc.max_id found below the first ID the tag may hand out (its high-water
+    # mark, a retired mark, its guard): moved up to it by a compare-and-set UPDATE
+    # ("heal"), or refused with CounterBehind until an operator moves it ("refuse");
+    # docs/design.md §7.3
+    counter_behind: Literal["heal", "refuse"] = "heal"
 
     # refill lock and retries
     lock_ttl_ms: int = Field(30_000, ge=100, le=int(HOUR * 1000))

@@ -142,8 +142,10 @@ class WorkerIdUnavailable(LeafpoolError):
 
 class CounterBehind(LeafpoolError):
     """A tag's ``leaf_alloc.max_id`` is below the first ID it may hand out (the tag's
-    high-water mark, a retired tag's mark, or 1): allocating from it would repeat IDs.
-    Nothing was allocated; an operator has to move the counter up."""
+    high-water mark, a retired tag's mark, the tag's guard, or 1): allocating from it would
+    repeat IDs. Nothing was allocated. Raised with ``LEAFPOOL_COUNTER_BEHIND=refuse`` (an
+    operator moves the counter up); the default heals it instead, and raises this only
+    when other writers kept changing the row under the heal (docs/design.md §7.3)."""
 
     def __init__(self, tag: str, max_id: int, floor: int, why: str) -> None:
         self.tag = tag
@@ -154,6 +156,23 @@ class CounterBehind(LeafpoolError):
             f"still hand out ({why}); nothing allocated. Move it up with: UPDATE leaf_alloc "
             f"SET max_id = {floor} WHERE biz_tag = '{tag}'"
         )
+
+
+class GuardFailed(LeafpoolError):
+    """A tag's guard (the application's column holding the IDs it stored) could not be
+    read: the table or column is missing, the database user may not read it, or it does
+    not hold integers. Nothing was allocated: without the guard the allocation cannot know
+    which IDs the application stored (docs/design.md §7.3)."""
+
+    def __init__(self, tag: str, guard: str, reason: str) -> None:
+        self.tag = tag
+        self.guard = guard
+        self.reason = reason
+        super().__init__(
+            f"{tag}: the guard {guard} could not be read ({reason}); nothing allocated. "
+            f"Grant the worker's database user SELECT on its table, or change it with "
+            f"`leafpool tag guard {tag} TABLE.COLUMN`, or clear it with "
+            f"`leafpool tag guard {tag} --clear`")
 
 
 class ReplicasBehind(BackendUnavailable):

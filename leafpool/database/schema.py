@@ -1,7 +1,8 @@
 """The schema: ``leafpool db init`` creates it, everything else only checks it
 (docs/design.md §1.2). A refill, the tag sync or a worker-ID claim runs as a database user
 without CREATE, so nothing but :func:`create` runs DDL: Leaf's ``leaf_alloc`` (its DDL
-file, unchanged), leafpool's own tables, and on MySQL NotFound9's ``leaf_workerid_alloc``.
+file, unchanged), leafpool's own tables (``leafpool_tag_guard`` from its DDL file, the
+others from their SQLAlchemy tables), and on MySQL NotFound9's ``leaf_workerid_alloc``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sqlalchemy.exc import DBAPIError
 from leafpool.core.errors import BackendUnavailable, ConfigurationError
 from leafpool.core.setting_values import DATABASE_URL_ENV, hide_password
 from leafpool.database.engine import OWN_TABLES, ddl_statement, driver_code, transaction
+from leafpool.database.guard import tag_guard
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,8 @@ def create(engine: Engine) -> bool:
     with transaction(engine, "create leafpool's tables") as conn:
         for table in OWN_TABLES:
             table.create(conn, checkfirst=True)
+        if not inspect(conn).has_table(tag_guard.name):  # docs/design.md §7.3
+            conn.execute(text(ddl_statement(dialect, tag_guard.name)))
         if dialect == "mysql" and not inspect(conn).has_table("leaf_workerid_alloc"):
             conn.execute(text(ddl_statement("mysql", "leaf_workerid_alloc")))
     with transaction(engine, "schema check") as conn:

@@ -3,7 +3,8 @@
 1. measure consumption (``pushed_total - LLEN ids``) and smooth the rate;
 2. pool target = rate x pool seconds within floor and ceiling; low-water = a ratio of it;
 3. below low-water, move IDs from the reserve head into ``ids`` in chunks;
-4. keep the reserve topped up from the database (one atomic ``max_id`` advance each);
+4. keep the reserve topped up from the database (one atomic ``max_id`` advance each; a
+   counter found below the pool's mark is healed, docs/design.md §7.3);
 5. every write is a fenced Lua script that refuses IDs not above the high-water mark;
 6. the step follows Leaf's 15/30-minute rule, applied to how long the last consumed
    segment lasted (measured from consumption, never from back-to-back allocations).
@@ -68,7 +69,7 @@ class SegmentRefiller(Refiller):
         tag = snap.tag
         m = self._measure(snap, s.pool_seconds)
         target, low_water = m.target, m.low_water
-        reserve_target = pool_target(m.rate, s.reserve_seconds, s.pool_floor, 100 * s.pool_ceiling)
+        reserve_target = self.reserve_ids(m)  # with the outage budget (docs/design.md §3.2)
         self.pool.record(tag, reserve_target=reserve_target)
 
         result = RefillResult(tag, length=snap.length, target=target, step=snap.int("step"))
@@ -199,9 +200,15 @@ class _Allocator:
         )
 
     def allocate(self) -> Range:
-        seg = self.r.store.allocate(self.tag, self._rule(), self.floor)
+        heal = self.r.settings.counter_behind == "heal"
+        with self.r.from_source():  # the database down: SourceUnavailable (§3.8)
+            seg = self.r.store.allocate(self.tag, self._rule(), self.floor, heal=heal)
         now_ms = self.r._now_ms()
         rng = Range(seg.start, seg.end)
+        if seg.healed_from is not None:  # counted even if the append below is refused:
+            # the row was moved in the database either way (docs/design.md §7.3)
+            self.r.pool.record(self.tag, counts={"heals": 1}, last_heal_ms=now_ms,
+                               last_heal=f"max_id {seg.healed_from} -> {seg.start}")
         # A refused append (lost lock) leaves a gap in the database counter: never a repeat.
         self.r.pool.append_reserve(
             self.tag,

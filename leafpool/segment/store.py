@@ -13,18 +13,15 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Connection, Engine, Table, func, inspect, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
-from leafpool.core.config import MAX_ID, MAX_STEP
 from leafpool.core.errors import (
     BackendUnavailable,
     CounterBehind,
     InvalidArgument,
-    SegmentExhausted,
     TagExists,
     UnknownTag,
 )
@@ -40,56 +37,22 @@ from leafpool.database.engine import (
     snowflake_tag,
     transaction,
 )
+from leafpool.database.guard import tag_guard, write_guard
+from leafpool.segment import counter, guards
+from leafpool.segment.counter import FIRST_ID as FIRST_ID
 from leafpool.segment.step import StepRule
+from leafpool.segment.values import Segment as Segment
+from leafpool.segment.values import TagRow as TagRow
+from leafpool.segment.values import validate_start as validate_start
+from leafpool.segment.values import validate_step as validate_step
 
 log = logging.getLogger(__name__)
 
-
-
-FIRST_ID = 1  # IDs start at 1: a Leaf client reads 0 (and below) as a failure result
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A range ``[start, end)`` taken from the database by one ``max_id`` advance."""
-
-    tag: str
-    start: int
-    end: int
-    step: int
-    table_step: int
-    took_ms: float
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
-
-
-@dataclass(frozen=True)
-class TagRow:
-    tag: str
-    max_id: int
-    step: int
-    description: str | None
-
-
-def validate_step(step: int, max_step: int = MAX_STEP) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or step <= 0 or step > max_step:
-        raise InvalidArgument("step", step, f"an integer from 1 to {max_step:,}")
-    return step
-
-
-def validate_start(start: int, step: int) -> int:
-    if isinstance(start, bool) or not isinstance(start, int) or start < FIRST_ID:
-        raise InvalidArgument(
-            "start", start,
-            f"an integer >= {FIRST_ID} (the first ID handed out; Leaf clients read 0 as a "
-            "failure)")
-    if start > MAX_ID - step:
-        raise InvalidArgument(
-            "start", start, f"at most 2**63 - 1 - step = {MAX_ID - step} so one segment fits"
-        )
-    return start
+#: leafpool's tables a tag add or removal reads and writes
+TABLES = (*OWN_TABLES, tag_guard)
+#: decisions of one allocation at most (a heal whose compare-and-set lost, a row moved
+#: under the advance: each a new read), then CounterBehind
+MAX_DECISIONS = 8
 
 
 class SegmentStore:
@@ -120,9 +83,9 @@ class SegmentStore:
 
     def init_schema(self) -> bool:
         """Create ``leaf_alloc`` with Leaf's DDL unless it exists (True when created), and
-        leafpool's own ``leafpool_snowflake_tag`` and ``leafpool_retired_tag``."""
+        leafpool's own tables (:data:`TABLES`)."""
         created = schema.create(self.engine)  # the one DDL path (`leafpool db init`)
-        self._seen = {table.name for table in OWN_TABLES}
+        self._seen = {table.name for table in TABLES}
         return created
 
     # -- snowflake tags -----------------------------------------------------------------
@@ -186,7 +149,7 @@ class SegmentStore:
         """leafpool's own ``tables`` (all by default) are there and readable, checked once
         per store and table (:func:`leafpool.database.schema.require`); never created
         here: ``leafpool db init`` is the one DDL path."""
-        self._seen |= schema.require(self.engine, tables or OWN_TABLES, self._seen, what)
+        self._seen |= schema.require(self.engine, tables or TABLES, self._seen, what)
 
     # -- retired tags (G1 across a removal) ---------------------------------------------
 
@@ -226,31 +189,36 @@ class SegmentStore:
     # -- tags ---------------------------------------------------------------------------
 
     def add_tag(
-        self, tag: str, step: int, start: int | None = None, description: str | None = None
+        self, tag: str, step: int, start: int | None = None, description: str | None = None,
+        guard: str | None = None,
     ) -> TagRow:
         """Register a tag whose first ID will be ``start``: by default 1, or, for a name
-        that was removed before, the first ID the removed tag never allocated. An explicit
-        ``start`` below that mark is refused (it would repeat IDs)."""
+        that was removed before, the first ID the removed tag never allocated, or one above
+        what its ``guard`` (``TABLE.COLUMN``, docs/design.md §7.3) reads. An explicit
+        ``start`` below either is refused (it would repeat IDs)."""
         validate_tag(tag)
         validate_step(step)
         if start is not None:
             validate_start(start, step)
         if description is not None and len(description) > 256:
             raise InvalidArgument("description", description, "at most 256 characters")
+        checked = guards.checked(self.engine, guard) if guard is not None else None
+        stored = checked[1] if checked else None
         chosen: list[int] = []
 
         def insert(conn: Connection) -> None:
             mark = self._retired(conn, tag)
-            first = max(FIRST_ID, mark) if start is None else start
-            if first < mark:
+            low = counter.lowest(0, mark, counter.Stored(guard or "", stored))
+            first = low.value if start is None else start
+            if first < low.value:
                 raise InvalidArgument(
-                    "start", start,
-                    f"at least {mark}: a tag named {tag!r} was removed after handing out IDs "
-                    f"below {mark}; leave --start out to continue from {mark}")
+                    "start", start, f"at least {low.value}: {low.why}; leave --start out to "
+                                    f"begin at {low.value}")
             validate_start(first, step)
             conn.execute(leaf_alloc.insert().values(
                 biz_tag=tag, max_id=first, step=step, description=description))
             self._refuse_if_in(conn, snowflake_tag, tag)
+            write_guard(conn, tag, checked[0] if checked else None)
             chosen.append(first)
 
         self._ensure_own_tables()
@@ -290,9 +258,9 @@ class SegmentStore:
                 raise UnknownTag(tag)
 
     def remove_tag(self, tag: str, pool_mark: int = 0) -> int:
-        """Delete the tag's row and keep its mark (the larger of its ``max_id`` and
-        ``pool_mark``, what the pool recorded) in ``leafpool_retired_tag``, in one
-        transaction. Returns the kept mark."""
+        """Delete the tag's row and its guard, and keep its mark (the larger of its
+        ``max_id`` and ``pool_mark``, what the pool recorded) in ``leafpool_retired_tag``,
+        in one transaction. Returns the kept mark."""
         self._ensure_own_tables()
         with self._tx(f"{tag}: delete") as conn:
             max_id = conn.execute(
@@ -301,52 +269,94 @@ class SegmentStore:
             if max_id is None:
                 raise UnknownTag(tag)
             conn.execute(leaf_alloc.delete().where(leaf_alloc.c.biz_tag == tag))
+            write_guard(conn, tag, None)
             return self._retire(conn, tag, max(int(max_id), pool_mark))
 
     # -- allocation ---------------------------------------------------------------------
 
-    def allocate(self, tag: str, rule: StepRule | None = None, floor: int = 0) -> Segment:
+    def allocate(self, tag: str, rule: StepRule | None = None, floor: int = 0,
+                 heal: bool = False) -> Segment:
         """Advance ``max_id`` by one step and return the range ``[max_id - step, max_id)``.
 
         ``rule`` picks the step (dynamic step); by default the table's. ``floor`` is the
-        first ID the caller may still hand out (the pool's mark); the range must start at
-        or above it, above a removed tag's mark and at 1: otherwise
-        :class:`CounterBehind` is raised and nothing is written. An advance that would
-        pass 2**63 - 1 raises :class:`SegmentExhausted` and writes nothing.
+        first ID the caller may still hand out (the pool's mark; 0: the pool has none, so
+        the tag's guard is read). The range starts at or above the floor, a removed tag's
+        mark, one above the guard's reading, and 1. A ``max_id`` below that is moved up
+        to it by a compare-and-set with ``heal`` (``healed_from`` on the segment),
+        otherwise :class:`CounterBehind` is raised and nothing is written
+        (docs/design.md §7.3). An advance that would pass 2**63 - 1 raises
+        :class:`SegmentExhausted` and writes nothing.
         """
         self._ensure_own_tables(retired_tag, what=f"{tag}: allocate")
         started = self._monotonic()
-        with self._tx(f"{tag}: allocate") as conn:
-            row = conn.execute(
-                select(leaf_alloc.c.max_id, leaf_alloc.c.step).where(leaf_alloc.c.biz_tag == tag)
-            ).first()
-            if row is None:
+        stored: counter.Stored | None = None
+        guarded = False
+        for _ in range(MAX_DECISIONS):
+            try:
+                with self._tx(f"{tag}: allocate") as conn:
+                    row = counter.read_row(conn, tag)
+                    low = counter.lowest(floor, self._retired(conn, tag), stored)
+                    behind = row.max_id < low.value
+                    if not guarded and (floor <= 0 or behind):
+                        raise counter.Again("read the guard first", guard=True)
+                    if behind:
+                        if not heal:
+                            raise CounterBehind(tag, row.max_id, low.value, low.why)
+                        if not counter.move_up(conn, tag, row.max_id, low.value):
+                            raise counter.Again(f"max_id moved from {row.max_id}")
+                    step = self._step(tag, rule, row.step)
+                    max_id = counter.advance(conn, tag, max(row.max_id, low.value), step,
+                                             low.value)
+            except counter.Again as again:
+                if again.guard:
+                    stored, guarded = self._guard_reading(tag), True
+                else:
+                    log.info("%s: allocation decided again: %s", tag, again)
+                continue
+            took = (self._monotonic() - started) * 1000
+            if behind:
+                log.warning("%s: leaf_alloc.max_id=%d was below %d, the first ID this tag "
+                            "may still hand out (%s): healed, moved up to %d", tag,
+                            row.max_id, low.value, low.why, low.value)
+            log.debug("%s: allocated [%d, %d) step=%d in %.1f ms", tag, max_id - step,
+                      max_id, step, took)
+            return Segment(tag, max_id - step, max_id, step, row.step, took,
+                           row.max_id if behind else None)
+        raise CounterBehind(tag, row.max_id, low.value,
+                            f"{low.why}; the row changed under {MAX_DECISIONS} tries to "
+                            "heal it in a row")
+
+    @staticmethod
+    def _step(tag: str, rule: StepRule | None, table_step: int) -> int:
+        step = (rule or StepRule()).step(table_step)
+        if step <= 0:
+            raise InvalidArgument(f"{tag}: step", step, "a positive integer")
+        return step
+
+    # -- guards (docs/design.md §7.3) ---------------------------------------------------
+
+    def _guard_reading(self, tag: str) -> counter.Stored | None:
+        self._ensure_own_tables(tag_guard, what=f"{tag}: read the guard")
+        return guards.reading(self.engine, tag)
+
+    def set_guard(self, tag: str, guard: str | None) -> int | None:
+        """Set the segment tag's guard (``TABLE.COLUMN`` or ``SCHEMA.TABLE.COLUMN``,
+        checked by reading it once: what it reads now is returned), or clear it (None)."""
+        validate_tag(tag)
+        checked = guards.checked(self.engine, guard) if guard is not None else None
+        self._ensure_own_tables(tag_guard, what=f"{tag}: set the guard")
+        with self._tx(f"{tag}: set the guard") as conn:
+            found = conn.execute(select(leaf_alloc.c.biz_tag).where(
+                leaf_alloc.c.biz_tag == tag).with_for_update()).first()
+            if found is None:
                 raise UnknownTag(tag)
-            retired = self._retired(conn, tag)
-            lowest, why = max((FIRST_ID, "IDs start at 1"),
-                              (retired, "a removed tag of this name handed out IDs below it"),
-                              (floor, "the pool already holds or handed out IDs below it"))
-            if int(row.max_id) < lowest:
-                raise CounterBehind(tag, int(row.max_id), lowest, why)
-            table_step = int(row.step)
-            step = (rule or StepRule()).step(table_step)
-            if step <= 0:
-                raise InvalidArgument(f"{tag}: step", step, "a positive integer")
-            result = conn.execute(
-                leaf_alloc.update()
-                .where(leaf_alloc.c.biz_tag == tag, leaf_alloc.c.max_id <= MAX_ID - step)
-                .values(max_id=leaf_alloc.c.max_id + step, update_time=func.current_timestamp())
-            )
-            if result.rowcount == 0:
-                raise SegmentExhausted(tag, int(row.max_id), step)
-            max_id = conn.execute(
-                select(leaf_alloc.c.max_id).where(leaf_alloc.c.biz_tag == tag)
-            ).scalar_one()
-        max_id = int(max_id)
-        took = (self._monotonic() - started) * 1000
-        log.debug("%s: allocated [%d, %d) step=%d in %.1f ms", tag, max_id - step, max_id,
-                  step, took)
-        return Segment(tag, max_id - step, max_id, step, table_step, took)
+            write_guard(conn, tag, checked[0] if checked else None)
+        return checked[1] if checked else None
+
+    def guard(self, tag: str) -> counter.Stored | None:
+        """The tag's guard and what it reads now (None: no guard); :class:`GuardFailed`
+        when it cannot be read."""
+        return self._guard_reading(tag)
 
     # -- operator views -----------------------------------------------------------------
 

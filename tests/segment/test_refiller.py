@@ -216,11 +216,13 @@ def test_a_client_taking_from_the_reserve_does_not_break_the_refill(
 
 
 def test_a_counter_that_went_back_under_live_keys_is_refused_without_advancing(
-    refiller: SegmentRefiller, store: SegmentStore, r: redis.Redis
+    refiller: SegmentRefiller, store: SegmentStore, r: redis.Redis, clock: FakeWallClock
 ) -> None:
-    """A leaf_alloc row deleted and inserted again lower while the pool's keys still
-    exist: every refill is refused at once, the database is not advanced, and status
-    says why."""
+    """With LEAFPOOL_COUNTER_BEHIND=refuse, a leaf_alloc row deleted and inserted again
+    lower while the pool's keys still exist: every refill is refused at once, the database
+    is not advanced, and status says why (the default heals it: test_heal.py)."""
+    refiller = SegmentRefiller(refiller.pool, store, refiller.settings.model_copy(
+        update={"counter_behind": "refuse"}), wall=clock)
     store.add_tag("pay", step=1000)
     refiller.refill("pay")
     with store.engine.begin() as conn:
