@@ -55,6 +55,7 @@ class Pool(Pops, ManyTags):
         self._fresh = registered["push_fresh"]
         self._record = registered["record"]
         self._drop = registered["drop"]
+        self._dry = registered["dry"]
         self._ids_keys: dict[str, str] = {}
 
     # -- locks ----------------------------------------------------------------------------
@@ -190,6 +191,14 @@ class Pool(Pops, ManyTags):
         """True when no refill of ``tag`` was marked queued in the last ``seconds`` (this
         call marked it; see :meth:`mark_queued_many`)."""
         return self.mark_queued_many([tag], seconds)[0]
+
+    def note_dry(self, tag: str, now_ms: int) -> int:
+        """Record whether ``tag``'s list is dry as it is now (``dry.lua``: 1 marked dry,
+        -1 no longer dry, 0 unchanged; docs/design.md §3.8). Repeated after a lost reply:
+        the first run changed the mark, a repeat changes nothing."""
+        k = self.tag(tag)
+        with redis_errors(f"{tag}: dry mark"):
+            return int(safely(lambda: self._dry(keys=[k.ids, k.state], args=[now_ms])))
 
     def clear_queued(self, tag: str) -> None:
         with redis_errors(f"{tag}: clear queued"):

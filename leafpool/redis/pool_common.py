@@ -12,7 +12,7 @@ from typing import Any
 from leafpool.core.keys import TagKeys
 from leafpool.redis import scripts
 
-SCRIPTS = ("push_ids", "append_reserve", "take_reserve", "push_fresh", "record", "drop")
+SCRIPTS = ("push_ids", "append_reserve", "take_reserve", "push_fresh", "record", "drop", "dry")
 
 
 @dataclass(frozen=True)
@@ -157,8 +157,9 @@ def take_result(head: Range, count: int, code: int) -> list[int] | int:
 # -- levels: what the sweep and the drop watcher read of a tag (docs/design.md §3.7) -------
 
 #: state fields a level reads (HMGET): whether the tag is registered, its low-water mark,
-#: whether its last refill left the reserve short, and what was pushed (consumption)
-LEVEL_FIELDS = ("mode", "low_water", "reserve_due", "pushed_total", "target")
+#: whether its last refill left the reserve short, what was pushed (consumption), and
+#: whether the list is marked dry (docs/design.md §3.8)
+LEVEL_FIELDS = ("mode", "low_water", "reserve_due", "pushed_total", "target", "dry_since_ms")
 
 
 @dataclass(slots=True)
@@ -175,10 +176,18 @@ class Level:
     pushed_total: int
     locked: bool = False
     target: int = 0
+    dry: bool = False  # marked dry (dry_since_ms set)
 
     @property
     def known(self) -> bool:
         return self.mode is not None
+
+    def dry_mark_stale(self) -> bool:
+        """The dry mark disagrees with the list: empty after pushes and not marked, or
+        marked and holding IDs again (``dry.lua`` then records what the list is)."""
+        if self.length == 0:
+            return self.known and self.pushed_total > 0 and not self.dry
+        return self.dry
 
     @property
     def consumed(self) -> int:
@@ -204,9 +213,9 @@ def level_commands(k: TagKeys, with_lock: bool = False) -> list[tuple[str, ...]]
 def level_from(tag: str, replies: Sequence[Any]) -> Level:
     """A :class:`Level` from its commands' raw replies (numbers parsed from the bytes
     as they come: ``int`` takes bytes, so only the mode is decoded)."""
-    mode, low_water, reserve_due, pushed, target = replies[1]
+    mode, low_water, reserve_due, pushed, target, dry = replies[1]
     return Level(tag, int(replies[0]), None if mode is None else text(mode),
                  int(low_water) if low_water else -1, reserve_due in (b"1", "1"),
                  int(pushed) if pushed else 0,
                  bool(replies[2]) if len(replies) > 2 else False,
-                 int(target) if target else 0)
+                 int(target) if target else 0, bool(dry))

@@ -1,7 +1,9 @@
 """What every refiller shares (docs/design.md §3): one refill at a time per tag (the
-lock), the measurement of consumption and the targets derived from it, and the
-record of a failure. :mod:`leafpool.segment.refiller` and
-:mod:`leafpool.snowflake.refiller` fill the list from their source."""
+lock), the measurement of consumption and the targets derived from it (the recent peak
+rate and the reserve an outage needs among them), and the record of a failure: which
+one was the source's (``db_unreachable_ms``, docs/design.md §3.8), and whether the list
+is dry. :mod:`leafpool.segment.refiller` and :mod:`leafpool.snowflake.refiller` fill
+the list from their source."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import logging
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 from leafpool.core.config import Settings
@@ -19,8 +21,10 @@ from leafpool.redis.lock import RefillLock
 from leafpool.redis.pool import Pool, Snapshot
 from leafpool.refill.sizing import (
     HINT_FRESH_SECONDS,
+    decayed_peak,
     instant_rate,
     pool_target,
+    reserve_target,
     sizing_rate,
     smooth_rate,
 )
@@ -31,6 +35,13 @@ log = logging.getLogger(__name__)
 #: retry (at most the retry backoff's maximum): at most one more refill this often while a
 #: backend is down, and a lost retry delays the tag's next refill no longer than this
 FAILED_HOLD_SECONDS = 5
+
+
+class SourceUnavailable(BackendUnavailable):
+    """The refiller's source (the database, for a segment tag) did not answer an
+    allocation: raised by :meth:`Refiller.from_source` in place of the store's
+    :class:`BackendUnavailable`, with its message, so the failure record and the retry
+    (:mod:`leafpool.refill.retry`) can tell it from a Redis error."""
 
 
 @dataclass
@@ -64,6 +75,7 @@ class Measure:
     consumed_total: int
     target: int
     low_water: int
+    peak: float = 0.0  # the recent peak rate (a decaying maximum, refill.sizing.decayed_peak)
 
 
 class Refiller(ABC):
@@ -106,20 +118,58 @@ class Refiller(ABC):
             try:
                 result = self._refill_locked(snap, lock, force)
             except LeafpoolError as exc:
-                self._record_failure(tag, exc)
+                self._record_failure(snap, exc)
                 raise
+            finally:
+                self._note_dry(tag)
+            back = self._source_back(snap, result)
             self.pool.record(
                 tag,
                 counts={"refills": 1},
                 last_refill_ms=self._now_ms(),
                 last_refill_result=f"ok +{result.pushed}",
+                **back,
             )
         log.info("%s: refill %s", tag, result.summary())
         return result
 
-    def _record_failure(self, tag: str, exc: LeafpoolError) -> None:
+    @contextlib.contextmanager
+    def from_source(self) -> Iterator[None]:
+        """Around a call to the refiller's source (an allocation): its
+        :class:`BackendUnavailable` goes up as :class:`SourceUnavailable`."""
+        try:
+            yield
+        except SourceUnavailable:
+            raise
+        except BackendUnavailable as exc:
+            raise SourceUnavailable(*exc.args) from exc
+
+    def _source_back(self, snap: Snapshot, result: RefillResult) -> dict[str, object]:
+        """The fields that clear ``db_unreachable_ms`` when this refill allocated (the
+        source answered again); none otherwise: a refill served from the reserve did not
+        ask the source, so the mark stays until an allocation succeeds."""
+        since = snap.int("db_unreachable_ms")
+        if not since or not result.segments:
+            return {}
+        log.warning("%s: database reachable again; allocations had failed for %.1f s",
+                    snap.tag, max(0.0, self._now_ms() - since) / 1000)
+        return {"db_unreachable_ms": ""}
+
+    def _note_dry(self, tag: str) -> None:
+        """Mark the list dry (at 0 after IDs were pushed) or no longer dry, as the list
+        is now (``dry.lua``, atomic on ``LLEN``: docs/design.md §3.8)."""
+        with contextlib.suppress(BackendUnavailable):
+            self.pool.note_dry(tag, self._now_ms())
+
+    def _record_failure(self, snap: Snapshot, exc: LeafpoolError) -> None:
+        tag = snap.tag
         level = logging.ERROR if isinstance(exc, CounterBehind) else logging.WARNING
         log.log(level, "%s: refill failed: %s", tag, exc)
+        # the source's failure: when allocations started failing (kept from the first
+        # failure on; cleared by the first allocation that succeeds)
+        source: dict[str, object] = {}
+        if isinstance(exc, SourceUnavailable) and not snap.int("db_unreachable_ms"):
+            source = {"db_unreachable_ms": self._now_ms()}
         with contextlib.suppress(BackendUnavailable):  # Redis down: the exception says so
             # reserve_due: a failed refill may have left the reserve short; the sweep
             # queues the tag again (the next refill that tops it up clears the flag).
@@ -139,6 +189,7 @@ class Refiller(ABC):
                 last_error_ms=self._now_ms(),
                 last_refill_ms=self._now_ms(),
                 last_refill_result=f"failed: {type(exc).__name__}",
+                **source,
             )
             if registered:  # a dropped tag gets no stray key
                 backoff = math.ceil(self.settings.refill_retry_backoff_max)
@@ -151,7 +202,7 @@ class Refiller(ABC):
         now = self._wall()
         consumed_total = snap.int("pushed_total") - snap.length
         rate = snap.float("rate")
-        instant = 0.0
+        instant = elapsed = 0.0
         if "rate_ts_ms" in snap.state:
             elapsed = now - snap.int("rate_ts_ms") / 1000
             consumed = consumed_total - snap.int("rate_consumed")
@@ -165,6 +216,9 @@ class Refiller(ABC):
             sized = sizing_rate(rate, instant, hint)
         target = pool_target(sized, pool_seconds, s.pool_floor, s.pool_ceiling)
         low_water = math.ceil(target * s.low_water_ratio)
+        # the recent peak: a maximum of the sizing rate that halves every hour once
+        # demand falls (PEAK_HALF_LIFE_SECONDS); the outage reserve is sized by it
+        peak = decayed_peak(snap.float("peak_rate"), elapsed, sized)
         self.pool.record(
             snap.tag,
             rate=f"{rate:.3f}",
@@ -173,8 +227,17 @@ class Refiller(ABC):
             target=target,
             low_water=low_water,
             sizing_rate=f"{sized:.3f}",
+            peak_rate=f"{peak:.3f}",
         )
-        return Measure(sized, consumed_total, target, low_water)
+        return Measure(sized, consumed_total, target, low_water, peak)
+
+    def reserve_ids(self, m: Measure) -> int:
+        """IDs to keep allocated in the reserve (segment mode): ``LEAFPOOL_RESERVE_SECONDS``
+        of the sizing rate, or ``LEAFPOOL_OUTAGE_SECONDS`` of the recent peak rate when
+        that is more (docs/design.md §3.2), at most 100 pool ceilings."""
+        s = self.settings
+        return reserve_target(m.rate, m.peak, s.reserve_seconds, s.outage_seconds,
+                              s.pool_floor, 100 * s.pool_ceiling)
 
     @abstractmethod
     def _ensure_known(self, tag: str) -> Snapshot: ...

@@ -1,6 +1,7 @@
 """The pool sizing rule, as pure functions (docs/design.md §3.2): how many ready IDs
 a pool should hold for a consumption rate, how that rate is measured and smoothed,
-and when a pool has outgrown its target."""
+when a pool has outgrown its target, and how much a segment tag keeps allocated in its
+reserve to ride through a database outage at its recent peak rate."""
 
 from __future__ import annotations
 
@@ -11,6 +12,34 @@ def pool_target(rate: float, seconds: float, floor: int, ceiling: int) -> int:
     """How many ready IDs a pool should hold: ``rate x seconds`` within the bounds."""
     want = math.ceil(rate * seconds) if rate > 0 else 0
     return max(floor, min(ceiling, want))
+
+
+# -- the outage budget (docs/design.md §3.2) ------------------------------------------------
+
+#: the recent peak rate halves every this many seconds once demand falls below it (a
+#: decaying maximum): an hour after a peak of 3,000 IDs/s the reserve is still sized for
+#: 1,500 IDs/s, a day later for the current rate
+PEAK_HALF_LIFE_SECONDS = 3600.0
+
+
+def decayed_peak(previous: float, elapsed: float, rate: float,
+                 half_life: float = PEAK_HALF_LIFE_SECONDS) -> float:
+    """The recent peak rate: the larger of ``rate`` (measured now) and the previous peak
+    halved every ``half_life`` seconds of the ``elapsed`` since it was recorded."""
+    if previous > 0 and elapsed > 0:
+        previous *= 0.5 ** (elapsed / half_life)
+    return max(rate, previous, 0.0)
+
+
+def reserve_target(rate: float, peak: float, reserve_seconds: float, outage_seconds: float,
+                   floor: int, ceiling: int) -> int:
+    """IDs a segment tag keeps allocated in its reserve: ``rate x reserve_seconds`` (the
+    top-up margin at the rate the pool is sized by) or, when larger, ``peak x
+    outage_seconds``: the recent peak demand for the length of a database outage the
+    pool must ride through. Ranges cost Redis a few bytes each, not per ID, so this
+    grows the IDs held, not Redis memory; within ``floor`` and ``ceiling``."""
+    want = max(rate * reserve_seconds, peak * outage_seconds)
+    return pool_target(want, 1.0, floor, ceiling)
 
 
 def smooth_rate(previous: float, consumed: int, elapsed: float, alpha: float) -> float:

@@ -74,3 +74,29 @@ def test_a_pool_is_outgrown_when_the_rate_asks_for_twice_its_size_below_the_ceil
     assert not outgrown(1000.0, 30, 20_000, 1_000_000)  # within 2x: the low-water mark
     assert not outgrown(1e6, 30, 1_000_000, 1_000_000)  # at the ceiling already
     assert not outgrown(1000.0, 30, 0, 1_000_000)  # never refilled: due anyway
+
+
+# -- the outage budget (docs/design.md §3.2) --------------------------------------------------
+
+
+def test_the_recent_peak_is_a_maximum_that_halves_every_half_life() -> None:
+    from leafpool.refill.sizing import PEAK_HALF_LIFE_SECONDS, decayed_peak
+
+    assert decayed_peak(0.0, 0.0, 3000.0) == 3000.0  # the first measurement
+    assert decayed_peak(3000.0, 10.0, 30_000.0) == 30_000.0  # a higher rate: at once
+    half = decayed_peak(3000.0, PEAK_HALF_LIFE_SECONDS, 100.0)
+    assert half == pytest.approx(1500.0)
+    assert decayed_peak(3000.0, 24 * PEAK_HALF_LIFE_SECONDS, 100.0) == 100.0  # a day on
+    assert decayed_peak(3000.0, 0.0, 100.0) == 3000.0  # no time passed: kept
+
+
+def test_the_reserve_holds_the_outage_at_the_peak_rate_or_its_own_seconds() -> None:
+    from leafpool.refill.sizing import reserve_target
+
+    # 3,000 IDs/s at peak, 100 now: 600 s of the peak, not 60 s of the current rate
+    assert reserve_target(100.0, 3000.0, 60.0, 600.0, 200, 10**8) == 1_800_000
+    # the outage budget off: the reserve seconds of the current rate, as before
+    assert reserve_target(100.0, 3000.0, 60.0, 0.0, 200, 10**8) == 6_000
+    # within the floor and ceiling
+    assert reserve_target(0.0, 0.0, 60.0, 600.0, 200, 10**8) == 200
+    assert reserve_target(30_000.0, 300_000.0, 60.0, 600.0, 200, 10**8) == 10**8
