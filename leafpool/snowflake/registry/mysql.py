@@ -32,7 +32,7 @@ from sqlalchemy.dialects.mysql import TIMESTAMP
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from leafpool.core.config import Settings
+from leafpool.core.config import Settings, hide_password
 from leafpool.core.errors import BackendUnavailable, ConfigurationError, WorkerIdUnavailable
 from leafpool.core.snowflake_layout import MAX_WORKER_ID
 from leafpool.database.engine import ddl_statement, make_engine, transaction
@@ -79,7 +79,7 @@ class MySqlRegistry(BaseRegistry):
             if make_url(url).get_backend_name() != "mysql":
                 raise ConfigurationError(
                     "LEAFPOOL_DATABASE_URL",
-                    url,
+                    hide_password(url),
                     "snowflake mode mysql needs a MySQL/MariaDB URL (mysql+pymysql://...)",
                 )
             engine = make_engine(url)
