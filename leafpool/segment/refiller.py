@@ -26,9 +26,6 @@ from leafpool.redis.lock import RefillLock
 from leafpool.redis.pool import Pool, Range, Snapshot
 from leafpool.redis.register import register
 from leafpool.refill.base import Refiller, RefillResult
-from leafpool.refill.sizing import (
-    pool_target,
-)
 from leafpool.segment.step import StepRule
 from leafpool.segment.store import SegmentStore
 
