@@ -5,9 +5,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery import Task
+
 from leafpool.core.errors import BackendUnavailable, UnknownTag
 from leafpool.housekeeping import sweep as sweeping
 from leafpool.housekeeping import sync
+from leafpool.refill import retry as retrying
 from leafpool.refill.base import Refiller
 from leafpool.refill.batch import refill_many
 from workers.application import app, settings
@@ -15,39 +18,43 @@ from workers.resources import runtime
 
 log = logging.getLogger(__name__)
 
-# a refill whose backend (Redis, database, ZooKeeper) is down retries with backoff; the
-# sweep queues it again after the retries run out
-REFILL_OPTIONS: dict[str, Any] = {
-    "autoretry_for": (BackendUnavailable,),
-    "retry_backoff": 1,
-    "retry_backoff_max": int(settings.refill_retry_backoff_max),
-    "retry_jitter": True,
-    "max_retries": settings.refill_retry_max,
-}
+# a refill whose backend (Redis, database, ZooKeeper) is down is tried again: below its
+# low-water mark with the database down on a short bounded backoff (0.25 s doubling to
+# 1 s) for as long as both hold, otherwise with Celery's growing backoff, at most
+# LEAFPOOL_REFILL_RETRY_MAX times (leafpool.refill.retry, docs/design.md §3.8); the sweep
+# queues it again after that
+REFILL_OPTIONS: dict[str, Any] = {"bind": True, "max_retries": None}
 
 
-def _refill(tag: str, force: bool, refiller: Refiller) -> dict[str, object]:
+def _refill(task: Task, tag: str, force: bool, refiller: Refiller) -> dict[str, object]:
     try:
         return refiller.refill(tag, force=force).as_dict()
     except UnknownTag:
         log.info("%s: not a tag any more, refill dropped", tag)
         return {"tag": tag, "skipped": "unknown tag"}
+    except BackendUnavailable as exc:
+        plan = retrying.after_failure(refiller.pool, tag, exc, task.request.retries,
+                                      settings.refill_retry_backoff_max)
+        if plan is None:  # recorded in the tag's state; the refill queued meanwhile goes on
+            return {"tag": tag, "skipped": f"failed ({exc}); another refill is queued"}
+        limit = None if plan.fast else settings.refill_retry_max
+        raise task.retry(exc=exc, countdown=plan.seconds, max_retries=limit) from exc
 
 
 @app.task(name="leafpool.refill_segment", **REFILL_OPTIONS)
-def refill_segment(tag: str, force: bool = False) -> dict[str, object]:
+def refill_segment(self: Task, tag: str, force: bool = False) -> dict[str, object]:
     """Refill one segment tag; the result (IDs pushed, segments, step) shows in Flower."""
     rt = runtime()
     rt.pool.clear_queued(tag)
-    return _refill(tag, force, rt.refiller)
+    return _refill(self, tag, force, rt.refiller)
 
 
 @app.task(name="leafpool.refill_snowflake", **REFILL_OPTIONS)
-def refill_snowflake(tag: str, force: bool = False) -> dict[str, object]:
+def refill_snowflake(self: Task, tag: str, force: bool = False) -> dict[str, object]:
     """Refill one snowflake tag from this process's worker ID (claimed on first use)."""
     rt = runtime()
     rt.pool.clear_queued(tag)
-    return _refill(tag, force, rt.snowflake_refiller())
+    return _refill(self, tag, force, rt.snowflake_refiller())
 
 
 @app.task(name="leafpool.sweep")

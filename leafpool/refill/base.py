@@ -43,6 +43,11 @@ class SourceUnavailable(BackendUnavailable):
     :class:`BackendUnavailable`, with its message, so the failure record and the retry
     (:mod:`leafpool.refill.retry`) can tell it from a Redis error."""
 
+    #: set by the failure record when it marked the tag queued itself (no other refill
+    #: of the tag was queued meanwhile): this failure's retry is the tag's one
+    #: (leafpool.refill.retry)
+    requeued: bool = False
+
 
 @dataclass
 class RefillResult:
@@ -163,13 +168,18 @@ class Refiller(ABC):
 
     def _record_failure(self, snap: Snapshot, exc: LeafpoolError) -> None:
         tag = snap.tag
-        level = logging.ERROR if isinstance(exc, CounterBehind) else logging.WARNING
-        log.log(level, "%s: refill failed: %s", tag, exc)
         # the source's failure: when allocations started failing (kept from the first
-        # failure on; cleared by the first allocation that succeeds)
+        # failure on; cleared by the first allocation that succeeds). Its retries, once a
+        # second while the list is low (leafpool.refill.retry), log at INFO
         source: dict[str, object] = {}
-        if isinstance(exc, SourceUnavailable) and not snap.int("db_unreachable_ms"):
-            source = {"db_unreachable_ms": self._now_ms()}
+        level = logging.ERROR if isinstance(exc, CounterBehind) else logging.WARNING
+        if isinstance(exc, SourceUnavailable):
+            since = snap.int("db_unreachable_ms")
+            if since:
+                level = logging.INFO
+            else:
+                source = {"db_unreachable_ms": self._now_ms()}
+        log.log(level, "%s: refill failed: %s", tag, exc)
         with contextlib.suppress(BackendUnavailable):  # Redis down: the exception says so
             # reserve_due: a failed refill may have left the reserve short; the sweep
             # queues the tag again (the next refill that tops it up clears the flag).
@@ -193,8 +203,11 @@ class Refiller(ABC):
             )
             if registered:  # a dropped tag gets no stray key
                 backoff = math.ceil(self.settings.refill_retry_backoff_max)
-                hold = max(1, min(FAILED_HOLD_SECONDS, backoff))
-                self.pool.mark_queued(tag, hold)
+                # at least 2 s: longer than a fast retry's step (leafpool.refill.retry)
+                hold = max(2, min(FAILED_HOLD_SECONDS, backoff))
+                marked = self.pool.mark_queued(tag, hold)
+                if isinstance(exc, SourceUnavailable):
+                    exc.requeued = marked
 
     def _measure(self, snap: Snapshot, pool_seconds: float) -> Measure:
         """Smooth the consumption rate and record it with the targets."""
