@@ -99,13 +99,13 @@ def write_guard(conn: Connection, tag: str, guard: Guard | None) -> None:
 
 def stored_max(conn: Connection, guard: Guard) -> int | None:
     """The largest ID the application stored (None: none yet). Raises ``ValueError`` when
-    the column does not hold integers; driver errors go up as they are."""
+    the column does not hold integers (a text column included, even of digits: MAX
+    compares text); driver errors go up as they are."""
     value = conn.execute(guard.query()).scalar()
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | Decimal | str):
-        raise ValueError(f"MAX({guard.column}) is {value!r}, not an integer")
-    number = Decimal(value) if not isinstance(value, int) else value
-    if isinstance(number, Decimal) and number != number.to_integral_value():
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    # a text column is refused even when it holds digits: MAX compares text ("99" > "100")
+    number = value if isinstance(value, Decimal) else None  # DECIMAL(20,0) and the like
+    if number is None or not number.is_finite() or number != number.to_integral_value():
         raise ValueError(f"MAX({guard.column}) is {value!r}, not an integer")
     return int(number)

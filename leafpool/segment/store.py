@@ -289,16 +289,17 @@ class SegmentStore:
         """
         self._ensure_own_tables(retired_tag, what=f"{tag}: allocate")
         started = self._monotonic()
-        stored: counter.Stored | None = None
-        guarded = False
+        guarded = floor <= 0  # the pool has no mark (a new or wiped Redis): read the guard
+        stored = self._guard_reading(tag) if guarded else None
         for _ in range(MAX_DECISIONS):
+            again: counter.Again | None = None
             try:
                 with self._tx(f"{tag}: allocate") as conn:
                     row = counter.read_row(conn, tag)
                     low = counter.lowest(floor, self._retired(conn, tag), stored)
                     behind = row.max_id < low.value
-                    if not guarded and (floor <= 0 or behind):
-                        raise counter.Again("read the guard first", guard=True)
+                    if behind and not guarded:
+                        raise counter.Again("read the guard before a heal", guard=True)
                     if behind:
                         if not heal:
                             raise CounterBehind(tag, row.max_id, low.value, low.why)
@@ -307,7 +308,9 @@ class SegmentStore:
                     step = self._step(tag, rule, row.step)
                     max_id = counter.advance(conn, tag, max(row.max_id, low.value), step,
                                              low.value)
-            except counter.Again as again:
+            except counter.Again as exc:
+                again = exc
+            if again is not None:  # outside the handler: no error raised now chains to it
                 if again.guard:
                     stored, guarded = self._guard_reading(tag), True
                 else:

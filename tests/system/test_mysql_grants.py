@@ -17,7 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from leafpool.core.config import load_settings
-from leafpool.core.errors import BackendUnavailable, ConfigurationError
+from leafpool.core.errors import BackendUnavailable, ConfigurationError, GuardFailed
 from leafpool.housekeeping.sync import sync_tags
 from leafpool.redis.pool import Pool
 from leafpool.segment.refiller import SegmentRefiller
@@ -119,3 +119,33 @@ def test_a_worker_on_a_database_without_leafpools_tables_is_told_to_run_db_init(
     with pytest.raises(ConfigurationError) as refused:
         SegmentRefiller(Pool(r), worker, settings).refill("order")
     assert "leafpool db init" in str(refused.value) and "pw-worker" not in str(refused.value)
+
+
+def test_a_guard_needs_select_on_its_table_and_refuses_until_the_worker_has_it(
+    users: dict[str, str], mariadb_server: services.Server, redis_url: str,
+    r: redis.Redis, tmp_path: Path
+) -> None:
+    """``db grants`` cannot know the application's tables: it ends the worker's lines
+    with a comment saying so. Without SELECT on the guarded table the refill refuses,
+    naming the tag and the guard (never skipping it); granted, it runs."""
+    assert "-- and for each tag guard" in users["worker-grants"]
+    assert _cli(users["admin"], tmp_path, "db", "init").returncode == 0
+    _root(mariadb_server, users["worker-grants"])
+    admin = SegmentStore.from_url(users["admin"])
+    with admin.engine.begin() as conn:
+        conn.execute(text("CREATE TABLE orders (id BIGINT PRIMARY KEY)"))
+        conn.execute(text("INSERT INTO orders VALUES (4242)"))
+    added = _cli(users["admin"], tmp_path, "tag", "add", "order", "--step", "1000",
+                 "--guard", "orders.id")
+    assert added.returncode == 0 and "first ID 4243" in added.stdout, added.stderr
+    settings = load_settings(redis_url=redis_url, database_url=users["worker"],
+                             pool_floor=100, pool_ceiling=100)
+    refiller = SegmentRefiller(Pool(r), SegmentStore.from_url(users["worker"]), settings)
+    with pytest.raises(GuardFailed, match=r"^order: the guard orders.id could not be read "
+                                          r"\(.*SELECT command denied"):
+        refiller.refill("order")
+    database = users["worker"].rsplit("/", 1)[1]
+    worker_user = users["worker"].split("//", 1)[1].split(":", 1)[0]
+    _root(mariadb_server, f"GRANT SELECT ON `{database}`.`orders` TO '{worker_user}'@'%';")
+    assert refiller.refill("order").pushed == 100
+    assert int(r.lindex("leafpool:{order}:ids", 0) or 0) == 4243
