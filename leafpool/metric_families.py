@@ -129,6 +129,13 @@ COUNTERS: list[tuple[str, str, str, tuple[str, ...]]] = [
         ("segment",),
     ),
     (
+        "leafpool_db_heals",
+        "Rewound leaf_alloc counters a refill moved up to the tag's mark by a "
+        "compare-and-set (LEAFPOOL_COUNTER_BEHIND=heal)",
+        "heals",
+        ("segment",),
+    ),
+    (
         "leafpool_redis_failovers",
         "Redis master changes a refill of the tag noticed (a new replication ID)",
         "failovers",

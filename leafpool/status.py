@@ -38,6 +38,9 @@ class TagStatus:
     # segment tags: database allocations
     allocations: int = 0
     last_alloc_ms: float | None = None
+    # rewound counters moved up to the tag's mark (docs/design.md §7.3)
+    heals: int = 0
+    last_heal_ms: int | None = None
     # Redis: the node serving the tag, failovers seen, IDs dropped for want of replicas
     redis_node: str = ""
     failovers: int = 0
@@ -113,6 +116,8 @@ def tag_status(snap: Snapshot) -> TagStatus:
         hwm=get("hwm", ""),
         allocations=_int(state, "allocations"),
         last_alloc_ms=_opt_float(state, "last_alloc_ms"),
+        heals=_int(state, "heals"),
+        last_heal_ms=_opt_int(state, "last_heal_ms"),
         redis_node=get("redis_node", ""),
         failovers=_int(state, "failovers"),
         last_failover_ms=_opt_int(state, "last_failover_ms"),

@@ -14,9 +14,11 @@ from sqlalchemy import text
 
 from leafpool.core.config import MAX_ID, Settings
 from leafpool.core.errors import ConfigurationError, CounterBehind, SegmentExhausted
+from leafpool.metrics import make_registry, render
 from leafpool.redis.pool import Pool
 from leafpool.segment.refiller import SegmentRefiller
 from leafpool.segment.store import SegmentStore
+from leafpool.status import tag_status
 from tests.support.clocks import FakeWallClock
 
 
@@ -63,6 +65,10 @@ def test_a_counter_moved_back_three_steps_is_healed_by_the_next_refill_and_no_id
     assert state["heals"] == "1" and state["last_heal_ms"] == str(int(clock() * 1000) - 3000)
     assert state["last_heal"] == f"max_id {rewound} -> {floor_then}"
     assert store.get_tag("order").max_id == int(state["max_id"]) > floor_then
+    shown = tag_status(pool.snapshot("order"))  # status, /cache and the metrics
+    assert (shown.heals, shown.last_heal_ms) == (1, int(state["last_heal_ms"]))
+    assert 'leafpool_db_heals_total{tag="order",mode="segment"} 1' in \
+        render(make_registry(pool)).decode()
     warned = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].startswith("order: ") and \
         f"max_id={rewound}" in warned[0] and f"moved up to {floor_then}" in warned[0]
