@@ -23,9 +23,14 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from starlette.testclient import TestClient
 
 from leafpool.core.config import load_settings
+from leafpool.http import create_app
 from leafpool.redis.connect import connect
+from leafpool.redis.pool import Pool
+from leafpool.redis.register import register
+from leafpool.segment.store import SegmentStore
 from tests.support import services
 from tests.support.servers import Server
 from tests.system.test_compose import (
@@ -184,6 +189,29 @@ def test_the_health_checks_pass_under_their_roles(
     assert _run_check(beat["healthcheck"]["test"], env) == 0
     worker.delete("leafpool:beat:lock")
     worker.close()
+
+
+def test_the_http_service_is_ready_and_shows_the_pools_under_the_http_role(
+    config: dict[str, Any], compose_redis: Server, address: str, tmp_path: Path
+) -> None:
+    """The http service's health check (/health: PING, the tags, the database) and its
+    operator pages, under the URL compose gives it; a tag registered by the admin role."""
+    database = f"sqlite:///{tmp_path / 'leafpool.sqlite3'}"
+    store = SegmentStore.from_url(database)
+    store.init_schema()
+    store.add_tag("order", step=1000)
+    admin = load_settings(redis_url=_here(
+        config["admin"]["environment"]["LEAFPOOL_REDIS_URL"], address, compose_redis.port))
+    register(Pool(connect(admin)), "order", "segment", 1000)
+    http = load_settings(database_url=database, redis_url=_here(
+        config["http"]["environment"]["LEAFPOOL_REDIS_URL"], address, compose_redis.port))
+    with TestClient(create_app(http)) as c:
+        health = c.get("/health")
+        assert (health.status_code, health.text) == (200, "ready\n")
+        assert c.get("/cache").status_code == 200
+        assert c.get("/api/status").json()["tags"][0]["tag"] == "order"
+        assert "leafpool_up 1.0" in c.get("/metrics").text
+    store.engine.dispose()
 
 
 def test_protected_mode_refuses_other_hosts_should_the_default_user_be_left_open(
