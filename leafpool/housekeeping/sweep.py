@@ -9,13 +9,20 @@ so the reserve itself is not read. :func:`snapshot_sweep` is the sweep before th
 full snapshot of every tag: the reserve ranges, the whole state hash, the lock), kept as
 the benchmark's baseline. With ``tags``, :func:`sweep` looks only at those (the drop
 watcher's dirty tags: the incremental sweep).
+
+Both the sweep and the drop watcher also keep each tag's dry mark true to its list
+(:func:`note_dry`, docs/design.md §3.8): a list found at 0 after pushes is marked dry
+from then on, one found holding IDs again is marked no longer dry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from leafpool.core.errors import LeafpoolError
 from leafpool.redis.pool import Level, Pool
 
 
@@ -50,14 +57,32 @@ def queue_due(
     return [d for d, ok in zip(free, marked, strict=True) if ok]
 
 
+def note_dry(pool: Pool, levels: Sequence[Level], now_ms: int) -> list[str]:
+    """Record the dry mark of every tag whose mark disagrees with its list as read
+    (``dry.lua`` decides again on the list as it is: a level read a moment ago changes
+    nothing wrongly); the tags whose mark changed. Best effort: a tag that cannot be
+    marked now is marked at the next read."""
+    changed = []
+    for lv in levels:
+        if lv.dry_mark_stale():
+            with contextlib.suppress(LeafpoolError):
+                if pool.note_dry(lv.tag, now_ms):
+                    changed.append(lv.tag)
+    return changed
+
+
 def sweep(
-    pool: Pool, queued_seconds: int, tags: Sequence[str] | None = None
+    pool: Pool, queued_seconds: int, tags: Sequence[str] | None = None,
+    wall: Callable[[], float] = time.time,
 ) -> list[tuple[str, str, bool]]:
     """Tags to refill now, as ``(tag, mode, force)``; each is marked queued. ``tags``:
-    look only at these (and the wanted ones), not every tag of the pool."""
+    look only at these (and the wanted ones), not every tag of the pool. Dry marks are
+    kept true on the way (:func:`note_dry`)."""
     wanted = set(pool.take_wanted())
     names = pool.tags() if tags is None else sorted(set(tags) | wanted)
-    due = due_tags(pool.levels(names), wanted)
+    levels = pool.levels(names)
+    note_dry(pool, levels, int(wall() * 1000))
+    due = due_tags(levels, wanted)
     locked = pool.locks_held([d.tag for d in due]) if due else []
     return [(d.tag, d.mode, d.force) for d in queue_due(pool, due, locked, queued_seconds)]
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from leafpool.core.errors import LeafpoolError
-from leafpool.housekeeping.sweep import Due, due_tags, queue_due
+from leafpool.housekeeping.sweep import Due, due_tags, note_dry, queue_due
 from leafpool.redis.connect import is_cluster
 from leafpool.redis.pool import Level, Pool
 from leafpool.redis.tracking import Tracking
@@ -203,6 +203,9 @@ class DropWatcher:
     # -- deciding -------------------------------------------------------------------------
 
     def _decide(self, levels: list[Level], wanted: set[str]) -> None:
+        # the pop that took a list's last ID is heard within ms: the time it went dry
+        # (docs/design.md §3.8); a push is heard too: no longer dry
+        note_dry(self.pool, levels, int(self._wall() * 1000))
         now = self._monotonic()
         rates = {}
         for lv in levels:

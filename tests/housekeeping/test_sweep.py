@@ -76,3 +76,19 @@ def test_an_incremental_sweep_looks_at_the_given_tags_and_the_wanted_ones(
     ]
     assert sweep(pool, 30, tags=[]) == []
     assert sorted(sweep(pool, 30)) == [("new", "segment", False), ("short", "segment", False)]
+
+
+def test_the_sweep_marks_a_list_emptied_by_plain_pops_dry_and_clears_it_once_filled(
+    pool: Pool, r: redis.Redis
+) -> None:
+    """docs/design.md §3.8: plain LPOPs of an empty list change nothing in Redis; the
+    sweep finds the list at 0 and records since when (and not a tag never filled)."""
+    pool.register("t", "segment", 0, low_water=2, target=4, pushed_total=3)
+    pool.register("new", "segment", 0)
+    sweep(pool, 30, wall=lambda: 1_700_000_000.0)
+    assert r.hget("leafpool:{t}:state", "dry_since_ms") == b"1700000000000"
+    assert r.hget("leafpool:{new}:state", "dry_since_ms") is None
+    r.rpush("leafpool:{t}:ids", 4, 5, 6)
+    sweep(pool, 30, wall=lambda: 1_700_000_042.0)
+    state = r.hgetall("leafpool:{t}:state")
+    assert state[b"dry_since_ms"] == b"" and state[b"dry_ms"] == b"42000"

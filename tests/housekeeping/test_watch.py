@@ -247,3 +247,21 @@ def test_a_pool_too_small_for_the_rate_seen_gets_a_forced_refill_before_its_low_
         assert queued.due == [Due("order", "segment", True)]
     finally:
         w.stop()
+
+
+def test_the_pop_that_takes_the_last_id_marks_the_tag_dry_at_once(
+    pool: Pool, r: redis.Redis, watcher: DropWatcher
+) -> None:
+    """docs/design.md §3.8: the last plain LPOP deletes the list, which the watcher hears;
+    the plain LPOPs of the empty list after it are seen by nothing (the mark says since
+    when); a push ends it."""
+    filled(pool, r, "order", n=3, low_water=1)
+    services.wait_until(lambda: watcher.stats.reads > 0 or watcher.stats.full_passes > 0,
+                        WAIT, "watching")
+    assert r.lpop("leafpool:{order}:ids", 3)
+    services.wait_until(lambda: bool(r.hget("leafpool:{order}:state", "dry_since_ms")),
+                        WAIT, "marked dry")
+    r.rpush("leafpool:{order}:ids", 4)
+    services.wait_until(lambda: r.hget("leafpool:{order}:state", "dry_events") == b"1",
+                        WAIT, "no longer dry")
+    assert r.hget("leafpool:{order}:state", "dry_since_ms") == b""
