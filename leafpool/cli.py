@@ -24,6 +24,7 @@ from leafpool.core.errors import (
     ConfigurationError,
     InvalidArgument,
     LeafpoolError,
+    UnknownTag,
 )
 from leafpool.core.tags import validate_tag
 from leafpool.redis.register import register
@@ -32,8 +33,10 @@ from leafpool.status import (
     RICH_TABLE_ROWS,
     STATUS_COLUMNS,
     TagStatus,
+    notices,
     plain_table,
     pool_status,
+    status_detail,
     status_json,
     status_row,
 )
@@ -182,14 +185,23 @@ def tag_remove(tag: str) -> None:
 @app.command()
 @reports_errors
 def status(
+    tags: Annotated[list[str] | None, typer.Argument(
+        help="Only these tags, each in full: a field a line, nothing cut")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,
     watch: Annotated[float, typer.Option(help="Refresh every N seconds (0: once)")] = 0.0,
 ) -> None:
-    """Per tag: list length vs target, reserve, step, max_id, rate, time left, last refill."""
+    """Per tag: list length vs target, reserve, step, max_id, rate, seconds held at the
+    peak and left at the rate now, last refill; the database and dry tags above."""
     rt = runtime()
+    for tag in tags or []:
+        validate_tag(tag)
     while True:
         with _collector_paused():
-            _print_status(pool_status(rt.pool), as_json, clear=bool(watch))
+            rows = pool_status(rt.pool, tags)
+            if tags and not as_json:
+                _print_details(rows, clear=bool(watch))
+            else:
+                _print_status(rows, as_json, clear=bool(watch))
         if not watch:
             return
         time.sleep(watch)
@@ -209,6 +221,16 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _print_details(rows: list[TagStatus], clear: bool) -> None:
+    if clear:
+        out.clear()
+    for row in rows:
+        if row.mode == "?":
+            raise UnknownTag(row.tag)
+        sys.stdout.write(status_detail(row) + "\n")
+    sys.stdout.flush()
+
+
 def _print_status(rows: list[TagStatus], as_json: bool, clear: bool) -> None:
     if as_json:  # plain writes: rich's highlighting took seconds for 10,000 tags
         sys.stdout.write(status_json(rows))
@@ -217,11 +239,14 @@ def _print_status(rows: list[TagStatus], as_json: bool, clear: bool) -> None:
         cells = [status_row(r) for r in rows]
         if clear:
             out.clear()
+        for line in notices(rows):
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
         if len(cells) > RICH_TABLE_ROWS:
             sys.stdout.write(plain_table(cells))
             sys.stdout.flush()
         else:
             table = Table(*STATUS_COLUMNS)
+            table.columns[-1].overflow = "fold"  # the last error whole, folded, never cut
             for row in cells:
                 table.add_row(*row)
             out.print(table)

@@ -1,11 +1,15 @@
 """Per-tag status, read from Redis: :class:`TagStatus` is the one parsed shape of a
-tag's keys, and what ``leafpool status``, the status page and the metrics show."""
+tag's keys, and what ``leafpool status``, the status page and the metrics show: the
+pools, how many seconds of demand they hold and have left, whether the database answers
+their allocations and whether a list is dry (docs/design.md §3.8)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from leafpool.core.durations import fmt_ago, fmt_duration
 from leafpool.redis.pool import Pool, Snapshot
@@ -50,6 +54,23 @@ class TagStatus:
     # reply was lost (each counted with the IDs it asked for)
     gaps: int = 0
     lost_replies: int = 0
+    # the outage budget (docs/design.md §3.2): the recent peak rate, and the seconds of it
+    # the list and the reserve hold (None before any rate was measured)
+    peak_rate: float = 0.0
+    list_seconds: float | None = None
+    reserve_seconds: float | None = None
+    # the database (docs/design.md §3.8): allocations failing since (None: the last one
+    # succeeded); a last refill refused with CounterBehind (its fix SQL is in last_error)
+    db_unreachable_ms: int | None = None
+    counter_behind: bool = False
+    # the list at 0 after pushes since (None: not dry), the last dry period, and how
+    # often and how long it was dry in all (plain LPOPs of an empty list are not seen)
+    dry_since_ms: int | None = None
+    last_dry_ms: int | None = None
+    dry_events: int = 0
+    dry_ms: int = 0
+    # the last heal's "max_id A -> B" (docs/design.md §7.3; absent before any heal)
+    last_heal: str = ""
     # snowflake tags
     worker_ids: list[str] = field(default_factory=list)
     lease_state: str = ""
@@ -89,6 +110,7 @@ def tag_status(snap: Snapshot) -> TagStatus:
     state, hits = snap.state, snap.hits  # what clients count is in hits (before: state)
     get = state.get
     rate = float(get("rate") or 0.0)
+    peak = _opt_float(state, "peak_rate") or rate
     reserve_size = snap.reserve_size
     ready = snap.length + reserve_size
     return TagStatus(
@@ -102,7 +124,7 @@ def tag_status(snap: Snapshot) -> TagStatus:
         step=_int(state, "step"),
         max_id=_opt_int(state, "max_id"),
         rate=rate,
-        seconds_left=(ready / rate) if rate > 0 else None,
+        seconds_left=_seconds_left(ready, rate, _int(state, "pushed_total")),
         last_refill_ms=_opt_int(state, "last_refill_ms"),
         last_refill_result=get("last_refill_result", ""),
         last_error=get("last_error", ""),
@@ -124,6 +146,16 @@ def tag_status(snap: Snapshot) -> TagStatus:
         unacked_ids=_int(state, "unacked_ids") + _int(hits, "unacked_ids"),
         gaps=_int(state, "gaps") + _int(hits, "gaps"),
         lost_replies=_int(state, "lost_replies") + _int(hits, "lost_replies"),
+        peak_rate=peak,
+        list_seconds=snap.length / peak if peak > 0 else None,
+        reserve_seconds=reserve_size / peak if peak > 0 else None,
+        db_unreachable_ms=_opt_int(state, "db_unreachable_ms"),
+        counter_behind=get("last_refill_result") == "failed: CounterBehind",
+        dry_since_ms=_opt_int(state, "dry_since_ms"),
+        last_dry_ms=_opt_int(state, "last_dry_ms"),
+        dry_events=_int(state, "dry_events"),
+        dry_ms=_int(state, "dry_ms"),
+        last_heal=get("last_heal", ""),
         worker_ids=[w for w in get("worker_ids", "").split(",") if w],
         lease_state=get("lease_state", ""),
         backwards_events=_int(state, "backwards_events"),
@@ -131,6 +163,14 @@ def tag_status(snap: Snapshot) -> TagStatus:
         last_backwards_offset_ms=_opt_int(state, "last_backwards_offset_ms"),
         time_bits_years_left=_opt_float(state, "time_bits_years_left"),
     )
+
+
+def _seconds_left(ready: int, rate: float, pushed: int) -> float | None:
+    """Seconds until list + reserve run out at ``rate``: 0 when both are empty after IDs
+    were pushed (dry, whatever the rate); None when nothing is consumed (idle or new)."""
+    if ready == 0 and pushed > 0:
+        return 0.0
+    return ready / rate if rate > 0 else None
 
 
 def pool_status(pool: Pool, tags: list[str] | None = None) -> list[TagStatus]:
@@ -148,6 +188,7 @@ STATUS_COLUMNS = (
     "step/workers",
     "max_id",
     "pops/s",
+    "held@peak",
     "left",
     "refilled",
     "result",
@@ -160,6 +201,36 @@ STATUS_COLUMNS = (
 RICH_TABLE_ROWS = 200
 
 
+def stamp(ms: int, clock: Callable[[], float] = time.time) -> str:
+    """A wall-clock time as the local date and time, and how long ago."""
+    when = datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{when} ({fmt_ago(ms, clock)})"
+
+
+def held(r: TagStatus) -> str:
+    """Seconds of the recent peak demand in the list and in the reserve: ``31s+10m``."""
+    if r.list_seconds is None or r.reserve_seconds is None:
+        return "-"
+    return f"{fmt_duration(r.list_seconds)}+{fmt_duration(r.reserve_seconds)}"
+
+
+def empty_cell(r: TagStatus, clock: Callable[[], float] = time.time) -> str:
+    """Empty hits counted by leafpool's clients, and since when the list is dry (plain
+    LPOPs of an empty list are not counted: nothing in Redis sees them)."""
+    if r.dry_since_ms is None:
+        return str(r.empty_hits)
+    return f"dry {fmt_ago(r.dry_since_ms, clock)}, {r.empty_hits} hits"
+
+
+def error_text(r: TagStatus, clock: Callable[[], float] = time.time) -> str:
+    """The last error in full, after "database unreachable since T" while allocations
+    fail (and what the counter's fix is, with CounterBehind: in the error)."""
+    text = f"{r.last_error} ({fmt_ago(r.last_error_ms, clock)})" if r.last_error else ""
+    if r.db_unreachable_ms is not None:
+        return f"database unreachable since {stamp(r.db_unreachable_ms, clock)}: {text}"
+    return text
+
+
 def status_row(r: TagStatus) -> list[str]:
     """One tag's cells under :data:`STATUS_COLUMNS`."""
     return [
@@ -170,13 +241,69 @@ def status_row(r: TagStatus) -> list[str]:
         f"{r.step:,}" if r.mode == "segment" else f"w {','.join(r.worker_ids) or '-'}",
         "-" if r.max_id is None else str(r.max_id),
         f"{r.rate:,.1f}",
+        held(r),
         fmt_duration(r.seconds_left),
         fmt_ago(r.last_refill_ms),
         r.last_refill_result,
-        str(r.empty_hits),
+        empty_cell(r),
         str(r.gaps),
-        f"{r.last_error} ({fmt_ago(r.last_error_ms)})" if r.last_error else "",
+        error_text(r),
     ]
+
+
+def notices(statuses: Sequence[TagStatus], clock: Callable[[], float] = time.time
+            ) -> list[str]:
+    """What ``leafpool status`` and /cache say above the table: the database unreachable
+    (since its first tag's first failure), the dry tags, the counters behind."""
+    out = []
+    down = sorted((r for r in statuses if r.db_unreachable_ms is not None),
+                  key=lambda r: r.db_unreachable_ms or 0)
+    if down:
+        tags = ", ".join(r.tag for r in down[:10]) + (", ..." if len(down) > 10 else "")
+        out.append(f"database unreachable since {stamp(down[0].db_unreachable_ms or 0, clock)}"
+                   f": allocations failing for {len(down)} tag(s): {tags}")
+    for r in statuses:
+        if r.dry_since_ms is not None:
+            out.append(f"{r.tag}: dry since {stamp(r.dry_since_ms, clock)}")
+        if r.counter_behind:
+            out.append(f"{r.tag}: counter behind, nothing allocated; the fix: "
+                       f"`leafpool status {r.tag}`")
+    return out
+
+
+def status_detail(r: TagStatus, clock: Callable[[], float] = time.time) -> str:
+    """One tag, a field a line, nothing cut (``leafpool status TAG``): the last error in
+    full (CounterBehind's fix SQL), the database and dry marks, the outage budget."""
+    def at(ms: int | None) -> str:
+        return "-" if ms is None else stamp(ms, clock)
+
+    lines = [
+        ("tag", f"{r.tag} ({r.mode})"),
+        ("ready/target", f"{r.length:,}/{r.target:,} (low-water {r.low_water:,})"),
+        ("reserve", f"{r.reserve_size:,} IDs in {len(r.reserve)} range(s) "
+                    f"{' '.join(r.reserve[:4])}{' ...' if len(r.reserve) > 4 else ''}"),
+        ("rate", f"{r.rate:,.1f}/s now, {r.peak_rate:,.1f}/s recent peak"),
+        ("held at the peak", f"list {fmt_duration(r.list_seconds)}, "
+                             f"reserve {fmt_duration(r.reserve_seconds)}"),
+        ("left at the rate now", fmt_duration(r.seconds_left)),
+        ("step / max_id / hwm", f"{r.step:,} / {'-' if r.max_id is None else r.max_id} / "
+                                f"{r.hwm or '-'}"),
+        ("database", "answering" if r.db_unreachable_ms is None
+         else f"unreachable since {at(r.db_unreachable_ms)}"),
+        ("dry", "no" if r.dry_since_ms is None else f"since {at(r.dry_since_ms)}"),
+        ("dry before", f"{r.dry_events} time(s), {fmt_duration(r.dry_ms / 1000)} in all, "
+                       f"last from {at(r.last_dry_ms)}"),
+        ("empty hits", f"{r.empty_hits} (leafpool clients; plain LPOPs of an empty list "
+                       "are not seen)"),
+        ("last refill", f"{at(r.last_refill_ms)}: {r.last_refill_result or '-'}"),
+        ("refills / failures", f"{r.refills} / {r.refill_failures}"),
+        ("heals", f"{r.heals}" + (f", last {at(r.last_heal_ms)}: {r.last_heal}"
+                                   if r.last_heal_ms is not None else "")),
+        ("gaps", f"{r.gaps} ({r.lost_replies} lost replies)"),
+        ("last error", f"{at(r.last_error_ms)}\n  {r.last_error}" if r.last_error else "-"),
+    ]
+    width = max(len(name) for name, _ in lines)
+    return "".join(f"{name.ljust(width)}  {value}\n" for name, value in lines)
 
 
 def plain_table(rows: Sequence[Sequence[str]], columns: Sequence[str] = STATUS_COLUMNS) -> str:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 from leafpool.redis.lock import RefillLock
 from leafpool.redis.pool import Pool, Range
 from leafpool.status import pool_status, tag_status
@@ -114,3 +120,103 @@ def test_status_output_json_and_plain_table(pool: Pool) -> None:
     assert lines[1].startswith("order ") and "database down (" in lines[1]
     assert lines[2].startswith("sf ") and "w 5,9" in lines[2]
 
+
+
+# -- the outage budget, the database, dry tags (docs/design.md §3.2, §3.8) ----------------
+
+
+def test_seconds_held_at_the_peak_and_left_at_the_rate_now(pool: Pool) -> None:
+    from leafpool.status import held, status_row
+
+    lock = RefillLock(pool.redis, pool.tag("order").lock, 10_000)
+    assert lock.acquire()
+    pool.register("order", "segment", 0, rate="10", peak_rate="100", target=3000)
+    pool.append_reserve("order", lock.token, Range(1, 60_001))
+    pool.push("order", lock.token, Range(1, 60_001), 3000, 0)
+    st = tag_status(pool.snapshot("order"))
+    assert (st.peak_rate, st.list_seconds, st.reserve_seconds) == (100.0, 30.0, 570.0)
+    assert st.seconds_left == 6000.0  # 60,000 IDs at 10 IDs/s
+    assert held(st) == "30s+10m" and "30s+10m" in status_row(st)
+
+
+def test_a_dry_tag_has_no_seconds_left_whatever_its_rate_says(pool: Pool) -> None:
+    pool.register("dry", "segment", 0, rate="0", pushed_total=5000, dry_since_ms=1_000)
+    pool.register("new", "segment", 0)  # never filled: nothing to run out of
+    by_tag = {st.tag: st for st in pool_status(pool)}
+    assert by_tag["dry"].seconds_left == 0.0 and by_tag["dry"].dry_since_ms == 1_000
+    assert by_tag["new"].seconds_left is None and by_tag["new"].dry_since_ms is None
+
+
+def test_database_unreachable_dry_and_a_counter_behind_are_said_above_the_table(
+    pool: Pool,
+) -> None:
+    from leafpool.status import empty_cell, error_text, notices
+
+    now = 1_700_000_600.0
+    fix = "UPDATE leaf_alloc SET max_id = 5001 WHERE biz_tag = 'pay'"
+    pool.register("order", "segment", 0, db_unreachable_ms=1_700_000_000_000,
+                  dry_since_ms=1_700_000_420_000, pushed_total=10,
+                  last_error="database: order: allocate failed",
+                  last_error_ms=1_700_000_590_000, last_refill_result="failed: SourceUnavailable")
+    pool.register("pay", "segment", 0, last_refill_result="failed: CounterBehind",
+                  last_error=f"pay: leaf_alloc.max_id=1 is below 5001 ... Move it up with: {fix}")
+    pool.register("ok", "segment", 0)
+    by_tag = {st.tag: st for st in pool_status(pool)}
+    order, pay = by_tag["order"], by_tag["pay"]
+    lines = notices(list(by_tag.values()), clock=lambda: now)
+    assert lines[0].startswith("database unreachable since ") and "(10m ago)" in lines[0]
+    assert lines[0].endswith("allocations failing for 1 tag(s): order")
+    assert "order: dry since " in lines[1] and "(3m ago)" in lines[1]
+    assert lines[2] == "pay: counter behind, nothing allocated; the fix: `leafpool status pay`"
+    assert len(lines) == 3
+    assert error_text(order, clock=lambda: now).startswith("database unreachable since ")
+    assert error_text(order, clock=lambda: now).endswith("allocate failed (10s ago)")
+    assert empty_cell(order, clock=lambda: now) == "dry 3m ago, 0 hits"
+    assert pay.counter_behind and fix in error_text(pay)
+
+
+def test_the_detail_view_shows_one_tag_whole(pool: Pool) -> None:
+    from leafpool.status import status_detail
+
+    fix = "UPDATE leaf_alloc SET max_id = 123456789012 WHERE biz_tag = 'pay'"
+    pool.register("pay", "segment", 0, rate="5", peak_rate="50", heals=2,
+                  last_heal_ms=1_700_000_000_000, last_heal="max_id 7 -> 1001",
+                  last_refill_result="failed: CounterBehind", last_error_ms=1_700_000_000_000,
+                  last_error=f"pay: leaf_alloc.max_id=1 is below 123456789012. Move it up "
+                             f"with: {fix}")
+    text = status_detail(tag_status(pool.snapshot("pay")))
+    lines = dict(re.findall(r"^(\S.*?)\s{2,}(.*)$", text, re.MULTILINE))
+    assert lines["tag"] == "pay (segment)" and lines["database"] == "answering"
+    assert text.endswith(f"Move it up with: {fix}\n")  # whole, on a line of its own
+    assert "2, last 2023-11-14" in text and "max_id 7 -> 1001" in text
+    assert lines["rate"] == "5.0/s now, 50.0/s recent peak"
+
+
+def test_leafpool_status_says_it_above_the_table_and_shows_one_tag_whole(
+    pool: Pool, redis_url: str, tmp_path: Path
+) -> None:
+    """The command as a real process, on a terminal 80 columns wide (a pipe)."""
+    fix = "UPDATE leaf_alloc SET max_id = 123456789012 WHERE biz_tag = 'pay'"
+    pool.register("pay", "segment", 0, db_unreachable_ms=1_700_000_000_000,
+                  last_refill_result="failed: CounterBehind", last_error_ms=1_700_000_000_000,
+                  last_error=f"pay: leaf_alloc.max_id=1 is below 123456789012. Move it up "
+                             f"with: {fix}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
+    env.update({"LEAFPOOL_REDIS_URL": redis_url, "COLUMNS": "80",
+                "LEAFPOOL_DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+                "LEAFPOOL_HOME": os.environ["LEAFPOOL_HOME"]})
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "leafpool.cli", "status", *args],
+                              env=env, capture_output=True, text=True, timeout=60)
+
+    table = run()
+    assert table.returncode == 0, table.stderr
+    first = table.stdout.splitlines()[0]
+    assert first.startswith("database unreachable since 2023-11-14") and first.endswith(": pay")
+    assert "pay: counter behind, nothing allocated; the fix: `leafpool status pay`" in table.stdout
+    detail = run("pay")
+    assert detail.returncode == 0 and fix in detail.stdout.strip().splitlines()[-1]
+    assert "unreachable since 2023-11-14" in detail.stdout
+    unknown = run("nope")
+    assert unknown.returncode == 2 and "nope: unknown tag" in unknown.stderr
