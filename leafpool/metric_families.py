@@ -49,8 +49,48 @@ GAUGES: list[tuple[str, str, Reader]] = [
     ("leafpool_pool_pops_per_second", "Smoothed consumption rate, IDs/s", lambda s: s.rate),
     (
         "leafpool_pool_seconds_left",
-        "Seconds until list + reserve run out at the current rate (absent at rate 0)",
+        "Seconds until list + reserve run out at the current rate (0 once both are empty "
+        "after IDs were pushed, whatever the rate; absent at rate 0 otherwise)",
         lambda s: s.seconds_left,
+    ),
+    (
+        "leafpool_pool_peak_pops_per_second",
+        "The tag's recent peak rate, IDs/s (a maximum halving every hour): the reserve "
+        "holds LEAFPOOL_OUTAGE_SECONDS of it",
+        lambda s: _positive(s.peak_rate),
+    ),
+    (
+        "leafpool_pool_list_peak_seconds",
+        "Seconds of the recent peak demand the list holds",
+        lambda s: s.list_seconds,
+    ),
+    (
+        "leafpool_pool_reserve_peak_seconds",
+        "Seconds of the recent peak demand the reserve holds: a database outage this long "
+        "is ridden through, after the list's",
+        lambda s: s.reserve_seconds,
+    ),
+    (
+        "leafpool_pool_dry_since_timestamp_seconds",
+        "Unix time the list was found empty after IDs were pushed (absent while it holds IDs)",
+        lambda s: _seconds(s.dry_since_ms),
+    ),
+    (
+        "leafpool_db_unreachable_since_timestamp_seconds",
+        "Unix time the tag's allocations started failing for want of the database (absent "
+        "once one succeeds)",
+        lambda s: _seconds(s.db_unreachable_ms),
+    ),
+    (
+        "leafpool_pool_counter_behind",
+        "1 while the tag's last refill was refused with CounterBehind (leaf_alloc.max_id "
+        "below the pool's mark; `leafpool status TAG` shows the fix)",
+        lambda s: (1.0 if s.counter_behind else 0.0) if s.mode == "segment" else None,
+    ),
+    (
+        "leafpool_db_last_heal_timestamp_seconds",
+        "Unix time a refill last moved the tag's rewound counter up (absent before any heal)",
+        lambda s: _seconds(s.last_heal_ms),
     ),
     (
         "leafpool_pool_step",
@@ -115,7 +155,19 @@ COUNTERS: list[tuple[str, str, str, tuple[str, ...]]] = [
         "refill_failures",
         MODES,
     ),
-    ("leafpool_pool_empty_hits", "Times a client found the list empty", "empty_hits", MODES),
+    (
+        "leafpool_pool_empty_hits",
+        "Times a leafpool client found the list empty (plain LPOPs of an empty list are not "
+        "seen: see leafpool_pool_dry_seconds)",
+        "empty_hits",
+        MODES,
+    ),
+    (
+        "leafpool_pool_dry_seconds",
+        "Seconds the list was empty after IDs were pushed, over its ended dry periods",
+        "dry_seconds",
+        MODES,
+    ),
     (
         "leafpool_pool_reserve_takes",
         "IDs clients took straight from the reserve (empty-pool policy 'reserve')",

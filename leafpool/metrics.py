@@ -10,6 +10,11 @@ they are shared by every process and survive a restart of the HTTP service.
 A scrape while Redis is down does not fail: it reports ``leafpool_up 0`` and nothing
 per tag, so the alert can say "Redis unreachable" instead of "target down".
 
+``leafpool_db_up`` is the database as the refillers last found it (docs/design.md §3.8):
+0 while a segment tag's allocations fail for want of it, from the state they record; a
+scrape never asks the database itself (a stopped database would hold the scrape for the
+driver's timeouts). Alert rules on these names: ``ops/prometheus/alerts.yml``.
+
 Every per-tag metric has the labels ``tag`` and ``mode`` (``segment`` or ``snowflake``).
 """
 
@@ -32,6 +37,16 @@ from leafpool.redis.pool import Pool
 from leafpool.status import TagStatus, pool_status
 
 log = logging.getLogger(__name__)
+
+DB_UP = ("leafpool_db_up", "1 unless a segment tag's allocations are failing for want of the "
+         "database (as the refillers last found it: leafpool_db_unreachable_since_"
+         "timestamp_seconds says which tags since when)")
+
+
+def db_up(statuses: list[TagStatus]) -> float:
+    """0 while any segment tag records its allocations failing, else 1."""
+    return 0.0 if any(st.db_unreachable_ms is not None for st in statuses) else 1.0
+
 
 class PoolCollector(Collector):
     """Reads every tag's keys on each scrape. ``pool`` uses a synchronous Redis client:
@@ -56,6 +71,9 @@ class PoolCollector(Collector):
             return
         up.add_metric([], 1.0)
         yield up
+        db = GaugeMetricFamily(*DB_UP)
+        db.add_metric([], db_up(statuses))
+        yield db
         yield from self._families(statuses)
         took = GaugeMetricFamily(
             "leafpool_scrape_duration_seconds",
@@ -105,6 +123,7 @@ class PoolCollector(Collector):
 # Grafana dashboard and the README use these names, and a test keeps them in step
 POOL_METRICS: tuple[str, ...] = (
     "leafpool_up",
+    DB_UP[0],
     "leafpool_tags",
     "leafpool_scrape_duration_seconds",
     "leafpool_snowflake_lease_state",
@@ -210,6 +229,8 @@ def pool_text(collector: PoolCollector) -> bytes:
     out = [
         _header("leafpool_up", "1 when Redis answered this scrape", "gauge"),
         "leafpool_up 1.0\n",
+        _header(*DB_UP, "gauge"),
+        f"{DB_UP[0]} {db_up(statuses)!r}\n",
         _header("leafpool_tags", "Tags known to the pool, by mode", "gauge"),
     ]
     modes: dict[str, int] = {}

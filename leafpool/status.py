@@ -79,6 +79,11 @@ class TagStatus:
     last_backwards_offset_ms: int | None = None
     time_bits_years_left: float | None = None
 
+    @property
+    def dry_seconds(self) -> float:
+        """Seconds the list was dry, over its ended dry periods."""
+        return self.dry_ms / 1000
+
     def as_dict(self) -> dict[str, object]:
         """The fields by name, in declaration order (a shallow copy: ``asdict``'s deep copy
         cost more than the rest of a 10,000-tag status together)."""

@@ -103,6 +103,42 @@ def test_empty_hits_and_failures_are_counted(
     assert samples[("leafpool_pool_last_error_timestamp_seconds", order)] == 1_700_000_000.0
 
 
+def test_an_outage_shows_in_the_metrics(pool: Pool, r: redis.Redis) -> None:
+    """docs/design.md §3.8: the database as the refillers found it, the seconds held at
+    the peak and left, dry time, a counter behind, a heal (tolerant of no heal yet)."""
+    pool.register("order", "segment", 0, rate="0", peak_rate="100", pushed_total=500,
+                  db_unreachable_ms=1_700_000_000_000, dry_since_ms=1_700_000_060_000,
+                  dry_ms=2500, last_refill_result="failed: SourceUnavailable")
+    pool.register("pay", "segment", 0, rate="10", peak_rate="50", pushed_total=10,
+                  last_refill_result="failed: CounterBehind", heals=2,
+                  last_heal_ms=1_700_000_000_500)
+    r.rpush("leafpool:{pay}:ids", *range(1, 101))
+    r.rpush("leafpool:{pay}:reserve", "101:1101")
+    pool.register("idle", "segment", 0)
+    _, samples = scrape(pool)
+    order, pay, idle = tag_labels("order"), tag_labels("pay"), tag_labels("idle")
+    assert samples[("leafpool_db_up", ())] == 0.0
+    assert samples[("leafpool_db_unreachable_since_timestamp_seconds", order)] == 1.7e9
+    assert ("leafpool_db_unreachable_since_timestamp_seconds", pay) not in samples
+    assert samples[("leafpool_pool_seconds_left", order)] == 0.0  # dry: whatever the rate
+    assert samples[("leafpool_pool_dry_since_timestamp_seconds", order)] == 1_700_000_060.0
+    assert samples[("leafpool_pool_dry_seconds_total", order)] == 2.5
+    assert samples[("leafpool_pool_seconds_left", pay)] == 110.0  # 1,100 IDs at 10/s
+    assert samples[("leafpool_pool_peak_pops_per_second", pay)] == 50.0
+    assert samples[("leafpool_pool_list_peak_seconds", pay)] == 2.0
+    assert samples[("leafpool_pool_reserve_peak_seconds", pay)] == 20.0
+    assert samples[("leafpool_pool_counter_behind", pay)] == 1.0
+    assert samples[("leafpool_pool_counter_behind", order)] == 0.0
+    assert samples[("leafpool_db_heals_total", pay)] == 2.0
+    assert samples[("leafpool_db_heals_total", idle)] == 0.0  # no heal recorded: 0
+    assert samples[("leafpool_db_last_heal_timestamp_seconds", pay)] == 1_700_000_000.5
+    assert ("leafpool_db_last_heal_timestamp_seconds", idle) not in samples
+    assert ("leafpool_pool_seconds_left", idle) not in samples
+    r.hset("leafpool:{order}:state", "db_unreachable_ms", "")  # an allocation succeeded
+    _, samples = scrape(pool)
+    assert samples[("leafpool_db_up", ())] == 1.0
+
+
 def test_snowflake_state_becomes_registry_and_clock_metrics(pool: Pool, r: redis.Redis) -> None:
     pool.register(
         "sf",

@@ -27,7 +27,7 @@ from leafpool.core.errors import (
 )
 from leafpool.http.errors import NO_STORE, as_http_error, json_error, text_error
 from leafpool.http.service import SEGMENT, SNOWFLAKE, Service, service
-from leafpool.status import TagStatus
+from leafpool.status import TagStatus, held, notices
 
 DEFAULT_REFRESH_SECONDS = 5
 
@@ -37,7 +37,7 @@ table{border-collapse:collapse;margin:0.5em 0 1.5em}
 th,td{border:1px solid #ccc;padding:4px 8px;text-align:right;vertical-align:top}
 th{background:#f3f3f3}th:first-child,td.tag,td.text{text-align:left}
 td.err{color:#b00;text-align:left;max-width:28em;word-break:break-word}
-tr.low td.ready{background:#fff3cd}tr.empty td.ready{background:#f8d7da}
+tr.low td.ready{background:#fff3cd}tr.empty td.ready,tr.dry td.ready{background:#f8d7da}
 .banner{padding:8px;background:#f8d7da;border:1px solid #b00}.meta{color:#666}
 meter{width:8em}
 """
@@ -115,7 +115,22 @@ def _backwards(st: TagStatus) -> str:
 
 
 def _last_error(st: TagStatus) -> str:
-    return f"{esc(st.last_error)}<br>{meta(when(st.last_error_ms))}" if st.last_error else ""
+    """The last error whole (CounterBehind's fix SQL), after "database unreachable since"
+    while the tag's allocations fail (docs/design.md §3.8)."""
+    text = f"{esc(st.last_error)}<br>{meta(when(st.last_error_ms))}" if st.last_error else ""
+    if st.db_unreachable_ms is not None:
+        return (f'<strong class="db-down">database unreachable since '
+                f"{when(st.db_unreachable_ms)}</strong><br>{text}")
+    return text
+
+
+def _empty(st: TagStatus) -> str:
+    """Empty hits leafpool's clients counted; since when the list is dry (plain LPOPs of
+    an empty list are seen by nothing, so not counted)."""
+    hits = fmt_int(st.empty_hits)
+    if st.dry_since_ms is None:
+        return hits
+    return f'<strong class="dry">dry since {when(st.dry_since_ms)}</strong><br>{meta(hits)}'
 
 
 LEAD = (Column("tag", "tag", lambda st: esc(st.tag)),
@@ -136,16 +151,20 @@ MODE_COLUMNS: dict[str, tuple[Column, ...]] = {
 }
 TAIL = (
     Column("pops/s", "rate", lambda st: f"{st.rate:,.1f}"),
+    Column("held at peak", "held",
+           lambda st: f"{esc(held(st))}<br>{meta(f'list+reserve at {st.peak_rate:,.1f}/s')}"),
     Column("time left", "left", lambda st: esc(fmt_duration(st.seconds_left))),
     Column("last refill", "last-refill text",
            lambda st: f"{when(st.last_refill_ms)}<br>{meta(esc(st.last_refill_result))}"),
     Column("last error", "err", _last_error),
-    Column("empty hits", "empty-hits", lambda st: fmt_int(st.empty_hits)),
+    Column("dry / empty hits", "empty-hits", _empty),
     Column("gaps", "gaps", lambda st: fmt_int(st.gaps)),
 )
 
 
 def _row_class(st: TagStatus) -> str:
+    if st.dry_since_ms is not None:
+        return "dry"
     if st.length == 0:
         return "empty"
     if st.low_water and st.length < st.low_water:
@@ -191,8 +210,10 @@ async def cache_page(request: Request) -> Response:
         return HTMLResponse(page("leafpool pools", body, refresh), 503, headers=NO_STORE)
     by_mode = {SEGMENT: [st for st in statuses if st.mode != SNOWFLAKE],
                SNOWFLAKE: [st for st in statuses if st.mode == SNOWFLAKE]}
-    body = (f'{head}<p id="summary">{len(statuses)} tags: {len(by_mode[SEGMENT])} segment, '
-            f'{len(by_mode[SNOWFLAKE])} snowflake</p>')
+    body = head + "".join(f'<p class="banner notice">{esc(line)}</p>'
+                          for line in notices(statuses))
+    body += (f'<p id="summary">{len(statuses)} tags: {len(by_mode[SEGMENT])} segment, '
+             f'{len(by_mode[SNOWFLAKE])} snowflake</p>')
     for mode, tags in by_mode.items():
         body += (f"<h2>{mode.capitalize()} tags</h2>"
                  + (pools_table(mode, tags) if tags else "<p>none</p>"))

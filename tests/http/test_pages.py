@@ -63,11 +63,35 @@ def test_one_table_builder_gives_each_mode_its_columns_and_marks_low_pools() -> 
     assert '<td class="workers text">4</td>' in flake
     heads = {mode: [h.split("</th>")[0] for h in table.split("<th>")[1:]]
              for mode, table in (("segment", segment), ("snowflake", flake))}
-    shared_lead, shared_tail = ["tag", "ready / target"], ["pops/s", "time left", "last refill",
-                                                           "last error", "empty hits", "gaps"]
+    shared_lead = ["tag", "ready / target"]
+    shared_tail = ["pops/s", "held at peak", "time left", "last refill", "last error",
+                   "dry / empty hits", "gaps"]
     for mode, own in (("segment", ["low-water", "reserve", "step", "max_id"]),
                       ("snowflake", ["worker IDs", "lease", "last clock backwards"])):
         assert heads[mode] == [*shared_lead, *own, *shared_tail]
+
+
+def test_cache_says_the_database_is_unreachable_and_which_tags_are_dry(
+    client: TestClient, r: redis.Redis
+) -> None:
+    """docs/design.md §3.8: the banner above the tables, the tag's row marked dry with
+    since when, the seconds held at the peak and left, the last error after the mark."""
+    client.app.state.service.runtime.pool.register(  # type: ignore[attr-defined]
+        "order", "segment", 0, rate="0", peak_rate="100", pushed_total=10,
+        db_unreachable_ms=1_700_000_000_000, dry_since_ms=1_700_000_060_000,
+        last_error="database: order: allocate failed: <refused>", last_error_ms=1)
+    r.rpush("leafpool:{order}:reserve", "11:6011")
+    body = client.get("/cache").text
+    banner = body.split('<p class="banner notice">')[1].split("</p>")[0]
+    assert banner.startswith("database unreachable since 2023-11-14")
+    assert banner.endswith("allocations failing for 1 tag(s): order")
+    assert '<p class="banner notice">order: dry since 2023-11-14' in body
+    row = body.split('<tr data-tag="order" data-mode="segment" class="dry">')[1].split("</tr>")[0]
+    assert '<strong class="db-down">database unreachable since <span title="2023-11-14' in row
+    assert "allocate failed: &lt;refused&gt;" in row
+    assert '<strong class="dry">dry since <span title="2023-11-14' in row
+    assert '<td class="held">0s+60s<br>' in row and "at 100.0/s" in row  # 6,000 IDs at 100/s
+    assert '<td class="left">-</td>' in row  # nothing popped lately: no rate to run out at
 
 
 # -- /db -------------------------------------------------------------------------------------
