@@ -59,6 +59,21 @@ def require(engine: Engine, tables: Iterable[Table], seen: set[str], what: str) 
     return {t.name for t in wanted}
 
 
+def absent(engine: Engine, table: Table) -> bool:
+    """Whether ``table`` does not exist (a table hidden from this user for want of a grant
+    is not absent: MySQL says so with another code)."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(select(func.count()).select_from(table).where(false()))
+    except DBAPIError as exc:
+        if driver_code(exc) == MYSQL_NO_SUCH_TABLE or "no such table" in str(exc.orig):
+            return True
+        if driver_code(exc) == MYSQL_TABLE_DENIED:
+            return False
+        raise BackendUnavailable(f"database: is {table.name} there: {exc.orig!r}") from exc
+    return False
+
+
 def readable(engine: Engine, table: Table, what: str) -> bool:
     """Whether ``table`` exists and this user may read it: a read of no rows (the
     inspector reports a table hidden by a missing grant as there)."""

@@ -339,6 +339,11 @@ class SegmentStore:
     # -- guards (docs/design.md §7.3) ---------------------------------------------------
 
     def _guard_reading(self, tag: str) -> counter.Stored | None:
+        if tag_guard.name not in self._seen and schema.absent(self.engine, tag_guard):
+            # a database from before guards, where `leafpool db init` has not run again:
+            # nobody can have set a guard, so there is none to read (an upgrade needs no
+            # step); a table this user may not read is refused below
+            return None
         self._ensure_own_tables(tag_guard, what=f"{tag}: read the guard")
         return guards.reading(self.engine, tag)
 

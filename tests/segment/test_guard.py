@@ -12,7 +12,13 @@ import redis
 from sqlalchemy import text
 
 from leafpool.core.config import Settings
-from leafpool.core.errors import CounterBehind, GuardFailed, InvalidArgument, UnknownTag
+from leafpool.core.errors import (
+    ConfigurationError,
+    CounterBehind,
+    GuardFailed,
+    InvalidArgument,
+    UnknownTag,
+)
 from leafpool.database.guard import Guard
 from leafpool.redis.pool import Pool
 from leafpool.segment.refiller import SegmentRefiller
@@ -184,3 +190,21 @@ def test_a_guard_that_cannot_be_read_refuses_the_allocation_it_would_protect(
     with pytest.raises(GuardFailed):
         refiller.refill("order")  # Redis holds no mark for it yet
     assert "the guard orders.id could not be read" in pool.snapshot("order").state["last_error"]
+
+
+def test_a_database_from_before_guards_allocates_without_another_db_init(
+    store: SegmentStore, database_url: str
+) -> None:
+    """An upgrade needs no step: on a database where ``leafpool db init`` has not run since
+    guards came (no ``leafpool_tag_guard``), nobody can have set a guard, so a new tag or a
+    wiped Redis (floor 0) allocates as unguarded; setting a guard still asks for db init."""
+    store.add_tag("order", step=10)
+    with store.engine.begin() as conn:
+        conn.execute(text("DROP TABLE leafpool_tag_guard"))
+    upgraded = SegmentStore.from_url(database_url)  # a worker started after the upgrade
+    try:
+        assert upgraded.allocate("order", floor=0, heal=True).start == 1
+        with pytest.raises(ConfigurationError, match="leafpool db init"):
+            upgraded.set_guard("order", None)
+    finally:
+        upgraded.engine.dispose()
