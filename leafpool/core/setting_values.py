@@ -236,7 +236,8 @@ def check_database_url(url: str) -> str:
         raise ConfigurationError(DATABASE_URL_ENV, hide_password(url),
                                  f"a SQLite or MySQL/MariaDB SQLAlchemy URL: {allowed}")
     if not scheme.startswith("sqlite"):
-        _check_host(DATABASE_URL_ENV, url)
+        first, _hosts = split_database_hosts(url)  # every host of a list checked
+        _check_host(DATABASE_URL_ENV, first)
     module = DATABASE_DRIVERS[scheme]
     if importlib.util.find_spec(module) is None:
         raise ConfigurationError(
@@ -244,6 +245,61 @@ def check_database_url(url: str) -> str:
             f"the driver of {scheme}:// (Python module {module}) is not installed; "
             "mysql+pymysql:// uses PyMySQL, which leafpool installs")
     return url
+
+
+@dataclass(frozen=True)
+class DatabaseHost:
+    """One host of ``LEAFPOOL_DATABASE_URL``; ``port`` None: the driver's (3306)."""
+
+    host: str
+    port: int | None = None
+
+    def __str__(self) -> str:
+        name = f"[{self.host}]" if ":" in self.host else self.host
+        return name if self.port is None else f"{name}:{self.port}"
+
+
+_HOSTS_FORMAT = ("hosts as host:port,host:port (the port from 1 to 65535, or left out for "
+                 "3306; an IPv6 address in brackets), each named once")
+
+
+def split_database_hosts(url: str) -> tuple[str, tuple[DatabaseHost, ...]]:
+    """A MySQL/MariaDB URL naming several hosts, ``mysql+pymysql://user:password@host1:3306,
+    host2:3306,host3/database?options``, as (the same URL naming only the first host, which
+    SQLAlchemy can parse; every host in order). A URL naming one host or none (SQLite):
+    (``url``, ()). A malformed list raises :class:`ConfigurationError` naming
+    ``LEAFPOOL_DATABASE_URL``. The user information is everything up to the last ``@``
+    before the query, as for :func:`hide_password`."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url, ()
+    before_query = rest.split("?", 1)[0]
+    at = before_query.rfind("@") + 1
+    netloc = rest[at:].split("/", 1)[0].split("?", 1)[0]
+    if "," not in netloc:  # one host (or none): the URL is SQLAlchemy's as it is
+        return url, ()
+    hosts = [_database_host(entry.strip(), url) for entry in netloc.split(",")]
+    if len(set(hosts)) != len(hosts):
+        raise ConfigurationError(DATABASE_URL_ENV, hide_password(url), _HOSTS_FORMAT)
+    first = f"{scheme}://{rest[:at]}{hosts[0]}{rest[at + len(netloc):]}"
+    return first, tuple(hosts)
+
+
+def _database_host(entry: str, url: str) -> DatabaseHost:
+    if entry.startswith("["):
+        host, bracket, tail = entry[1:].partition("]")
+        if not bracket or (tail and not tail.startswith(":")):
+            host = ""
+        port = tail[1:] if tail else None
+    else:
+        host, colon, text = entry.partition(":")
+        port = text if colon else None
+    if not host or any(c in host for c in "/?#@[] ") or (
+            port is not None and not (_digits(port) and 1 <= int(port) <= 65535)):
+        raise ConfigurationError(
+            DATABASE_URL_ENV, hide_password(url),
+            f"{_HOSTS_FORMAT}; {entry!r} is not host or host:port")
+    return DatabaseHost(host, int(port) if port is not None else None)
 
 
 # -- the Redis topology -----------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The database boundary: engines, transactions, driver errors and the table
 definitions, shared by the segment store and the snowflake ``mysql`` registry.
 
-Owns: :mod:`~leafpool.database.engine`, the schema and the roles' grants
+Owns: :mod:`~leafpool.database.engine` (with :mod:`~leafpool.database.hosts`, a URL naming
+several hosts), the schema and the roles' grants
 (:mod:`~leafpool.database.schema`, :mod:`~leafpool.database.grants`), a tag's guard and
 its query (:mod:`~leafpool.database.guard`), and the DDL files under ``sql/<dialect>/``
 (Leaf's ``leaf_alloc`` and NotFound9's ``leaf_workerid_alloc``, unchanged, and leafpool's

@@ -27,10 +27,12 @@ from sqlalchemy import (
     event,
     func,
 )
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from leafpool.core.errors import BackendUnavailable
+from leafpool.core.setting_values import split_database_hosts
+from leafpool.database.hosts import spread
 
 SQL_DIR = Path(__file__).parent / "sql"
 MYSQL_DEADLOCK = 1213
@@ -85,8 +87,17 @@ def ddl_statement(dialect: str, table: str) -> str:
     return "\n".join(line for line in lines if not line.startswith("--")).strip().rstrip(";")
 
 
+def parse_url(url: str) -> URL:
+    """SQLAlchemy's :class:`URL` of ``url``; of its first host when it names several
+    (``host1:port,host2:port``: :func:`leafpool.database.hosts.spread`)."""
+    return make_url(split_database_hosts(url)[0])
+
+
 def make_engine(url: str) -> Engine:
-    """An engine with short connect timeouts, so a database outage is noticed in seconds."""
+    """An engine with short connect timeouts, so a database outage is noticed in seconds;
+    for a URL naming several hosts, one that moves to the next host when the one in use
+    fails (:mod:`leafpool.database.hosts`)."""
+    url, hosts = split_database_hosts(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
@@ -104,7 +115,11 @@ def make_engine(url: str) -> Engine:
     connect_args: dict[str, object] = {}
     if parsed.get_backend_name() == "mysql":
         connect_args = {"connect_timeout": 5, "read_timeout": 15, "write_timeout": 15}
-    return create_engine(url, pool_pre_ping=True, pool_recycle=1800, connect_args=connect_args)
+    engine = create_engine(url, pool_pre_ping=True, pool_recycle=1800,
+                           connect_args=connect_args)
+    if hosts:
+        spread(engine, hosts)
+    return engine
 
 
 def driver_code(exc: DBAPIError) -> object:

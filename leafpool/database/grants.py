@@ -15,9 +15,8 @@
 
 from __future__ import annotations
 
-from sqlalchemy.engine import make_url
-
 from leafpool.core.errors import InvalidArgument
+from leafpool.database.engine import parse_url
 
 ROLES = ("admin", "worker", "monitor", "http", "app")
 
@@ -57,7 +56,7 @@ def grants(role: str, database: str, user: str, host: str = "%") -> list[str]:
 
 def database_of(url: str) -> str:
     """The database name of a MySQL URL."""
-    parsed = make_url(url)
+    parsed = parse_url(url)
     if parsed.get_backend_name() != "mysql" or not parsed.database:
         raise InvalidArgument("LEAFPOOL_DATABASE_URL", parsed.render_as_string(True),
                               "a MySQL/MariaDB URL naming its database (grants are MySQL's)")

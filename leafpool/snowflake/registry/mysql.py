@@ -29,13 +29,12 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.mysql import TIMESTAMP
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from leafpool.core.config import Settings, hide_password
 from leafpool.core.errors import BackendUnavailable, ConfigurationError, WorkerIdUnavailable
 from leafpool.core.snowflake_layout import MAX_WORKER_ID
-from leafpool.database.engine import ddl_statement, make_engine, transaction
+from leafpool.database.engine import ddl_statement, make_engine, parse_url, transaction
 from leafpool.snowflake.registry.base import BaseRegistry, Lease, Start
 from leafpool.snowflake.registry.cache import CacheRecord
 
@@ -76,7 +75,7 @@ class MySqlRegistry(BaseRegistry):
         super().__init__(settings, identity, **kwargs)
         url = settings.database_url
         if engine is None:
-            if make_url(url).get_backend_name() != "mysql":
+            if parse_url(url).get_backend_name() != "mysql":
                 raise ConfigurationError(
                     "LEAFPOOL_DATABASE_URL",
                     hide_password(url),
