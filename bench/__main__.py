@@ -107,6 +107,12 @@ def tls_section(sizes: Sizes) -> None:
     tls_bench.main(console, sizes.tls_single, sizes.tls_batch, sizes.tls_connects)
 
 
+def outage_section(size: str) -> None:
+    from bench import outage_bench
+
+    outage_bench.main(console, outage_bench.SMOKE if size == "smoke" else outage_bench.FULL)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     size = parser.add_mutually_exclusive_group()
@@ -115,7 +121,7 @@ def main() -> None:
                       help="every section with tiny sizes, in seconds: proves the benchmarks "
                            "run; the figures mean nothing")
     parser.add_argument("--only", choices=["", "pools", "replication", "snowflake", "http",
-                                           "burst", "tags", "tls"],
+                                           "burst", "tags", "tls", "outage"],
                         default="", help="one section")
     args = parser.parse_args()
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
@@ -127,6 +133,9 @@ def main() -> None:
         return
     if args.only == "tags":
         tags_section(size_name)
+        return
+    if args.only == "outage":
+        outage_section(size_name)
         return
     if args.only in sections:
         sections[args.only](sizes)
@@ -219,6 +228,7 @@ def main() -> None:
         http_section(sizes)
         burst_section(sizes, size_name)
         tags_section(size_name)
+        outage_section(size_name)
     console.print(f"total {time.monotonic() - started:.0f} s")
 
 

@@ -186,7 +186,7 @@ def refill_throughput(url: str, target: int) -> Result:
     home = tempfile.mkdtemp(prefix="leafpool-bench-")
     settings = load_settings(redis_url=url, database_url=f"sqlite:///{home}/r.sqlite3",
                              pool_floor=target, pool_ceiling=target, chunk_size=1000,
-                             reserve_seconds=1)
+                             reserve_seconds=1, outage_seconds=0)  # pushes, not allocations
     store = SegmentStore.from_url(settings.database_url)
     store.init_schema()
     store.add_tag("refill", step=1_000_000)
