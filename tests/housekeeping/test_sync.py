@@ -108,8 +108,10 @@ def test_a_row_deleted_by_hand_keeps_its_mark_for_a_row_inserted_again(
     pool: Pool, store: SegmentStore, make_settings: Callable[..., Settings], r: redis.Redis
 ) -> None:
     """Deleted with SQL, the sync drops the keys; inserted again with a lower max_id, the
-    tag refuses to repeat IDs until the counter is moved above what it handed out."""
-    refiller = SegmentRefiller(pool, store, make_settings(pool_floor=20, pool_ceiling=20))
+    tag refuses to repeat IDs until the counter is moved above what it handed out
+    (LEAFPOOL_COUNTER_BEHIND=refuse; the default heals it: tests/segment/test_heal.py)."""
+    refiller = SegmentRefiller(pool, store, make_settings(pool_floor=20, pool_ceiling=20,
+                                                          counter_behind="refuse"))
     store.add_tag("pay", step=10)
     sync_tags(pool, store)
     refiller.refill("pay")

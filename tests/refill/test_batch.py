@@ -27,7 +27,9 @@ def test_a_batch_refills_every_tag_and_records_failures_per_tag(
     # t13's pool has handed out IDs up to 999 while its row was moved back by hand: its
     # refill must be refused (CounterBehind), the others must not notice
     pool.record("t13", hwm=999)
-    refiller = SegmentRefiller(pool, store, make_settings(pool_floor=30, pool_ceiling=30))
+    # (refuse: with the default, heal, the row would be moved up and t13 refilled)
+    refiller = SegmentRefiller(pool, store, make_settings(pool_floor=30, pool_ceiling=30,
+                                                          counter_behind="refuse"))
     cleared: list[str] = []
     pool.mark_queued_many(tags, 60)
     result = refill_many(
