@@ -113,6 +113,12 @@ def outage_section(size: str) -> None:
     outage_bench.main(console, outage_bench.SMOKE if size == "smoke" else outage_bench.FULL)
 
 
+def galera_section(size: str) -> None:
+    from bench import galera_bench
+
+    galera_bench.main(console, {"smoke": 1, "quick": 2}.get(size, 3))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     size = parser.add_mutually_exclusive_group()
@@ -121,7 +127,7 @@ def main() -> None:
                       help="every section with tiny sizes, in seconds: proves the benchmarks "
                            "run; the figures mean nothing")
     parser.add_argument("--only", choices=["", "pools", "replication", "snowflake", "http",
-                                           "burst", "tags", "tls", "outage"],
+                                           "burst", "tags", "tls", "outage", "galera"],
                         default="", help="one section")
     args = parser.parse_args()
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
@@ -136,6 +142,9 @@ def main() -> None:
         return
     if args.only == "outage":
         outage_section(size_name)
+        return
+    if args.only == "galera":
+        galera_section(size_name)
         return
     if args.only in sections:
         sections[args.only](sizes)
@@ -229,6 +238,7 @@ def main() -> None:
         burst_section(sizes, size_name)
         tags_section(size_name)
         outage_section(size_name)
+        galera_section(size_name)
     console.print(f"total {time.monotonic() - started:.0f} s")
 
 
