@@ -303,13 +303,13 @@ class AsyncReplicated(DbTopology):
             raise TimeoutError(f"replica :{self.replica.port} not at {position} after "
                                f"{timeout}s: {self.replica.query('SHOW SLAVE STATUS')}")
 
-    def stop_io(self) -> None:
-        """``STOP SLAVE IO_THREAD``: what the primary commits from now on stays on it."""
+    def stop_io(self, timeout: float = 30.0) -> None:
+        """``STOP SLAVE IO_THREAD``: what the primary commits from now on stays on it.
+        Returns once the replica applied what it had received (its relay log)."""
         self.replica.query("STOP SLAVE IO_THREAD")
+        self._wait_applied(timeout)
 
-    def promote(self, timeout: float = 30.0) -> None:
-        """What an operator or an orchestrator does once the primary is gone: the replica
-        applies what it received (its relay log), stops replicating, and takes writes."""
+    def _wait_applied(self, timeout: float) -> None:
         def applied() -> str | None:
             status = self.replica.slave_status()
             read = (status["Master_Log_File"], int(status["Read_Master_Log_Pos"]))
@@ -317,6 +317,11 @@ class AsyncReplicated(DbTopology):
             return None if done == read else f"applied {done}, received {read}"
 
         _wait(applied, timeout, f"replica :{self.replica.port} applied its relay log")
+
+    def promote(self, timeout: float = 30.0) -> None:
+        """What an operator or an orchestrator does once the primary is gone: the replica
+        applies what it received (its relay log), stops replicating, and takes writes."""
+        self._wait_applied(timeout)
         self.replica.query("STOP SLAVE")
         self.replica.query("RESET SLAVE ALL")
         self.replica.query("SET GLOBAL read_only = 0")

@@ -18,6 +18,7 @@ Each prints the pauses it measured (``-s`` shows them)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from itertools import pairwise
 
@@ -51,6 +52,9 @@ def replicated() -> Iterator[mt.AsyncReplicated]:
 
 @pytest.fixture(scope="module")
 def galera() -> Iterator[mt.Galera]:
+    if os.geteuid() != 0:
+        services.unavailable(f"Galera nodes run as {mt.GALERA_USER} (the rsync SST): "
+                             "starting them needs root")
     try:
         top = mt.galera(3)
     except NotInstalled as exc:
@@ -114,7 +118,8 @@ def test_async_replica_promoted_after_the_primary_died_with_advances_it_never_se
     assert len(lost) >= 3  # advances the promoted replica never had
     _check(record)
     assert record.empty == []  # the pool kept serving
-    pool_state = Pool(connect(settings)).snapshot(TAG)
+    with connect(settings) as redis_client:
+        pool_state = Pool(redis_client).snapshot(TAG)
     assert pool_state.int("heals") >= 1
     assert _max_id(replica, TAG) >= pool_state.floor  # healed: at or above the pool's mark
     print(f"\nasync replica: killed -> promoted {promoted - killed:.2f} s, "
@@ -183,7 +188,8 @@ def test_galera_node_in_use_sigkilled_under_load(galera: mt.Galera, redis_url: s
     _check(record)
     assert [t - killed for t in record.empty] == []  # the pool kept serving
     assert not [f for f in record.failures if "CounterBehind" in f[2]], record.failures
-    pool_state = Pool(connect(settings)).snapshot(TAG)
+    with connect(settings) as redis_client:
+        pool_state = Pool(redis_client).snapshot(TAG)
     assert pool_state.int("heals") == 0  # a synchronous cluster loses no committed advance
     direct = record.ranges(DIRECT)
     gaps = sum(b.start - a.end for a, b in pairwise(direct))
