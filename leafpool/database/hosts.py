@@ -25,6 +25,7 @@ PyMySQL nor SQLAlchemy's MySQL dialects take several hosts, and a connector that
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Sequence
@@ -79,7 +80,8 @@ class HostList:
             except dbapi.Error as exc:
                 unfit = f"{exc}"
             if unfit is not None:
-                conn.close()
+                with contextlib.suppress(dbapi.Error):
+                    conn.close()
                 failures.append(f"{host}: {unfit}")
                 continue
             with self._lock:
