@@ -342,3 +342,12 @@ def test_the_ha_secrets_are_needed_by_the_ha_profile_only(tmp_path: Path) -> Non
         # the node refuses to start without it, naming it
         assert script.startswith(f': "${{{variable}:?set {variable} in .env'), name
         assert services[name]["environment"][variable] == ""
+
+
+def test_prometheus_gets_the_alert_rules_its_config_loads(services: dict[str, Any]) -> None:
+    """ops/prometheus/prometheus.yml loads alerts.yml beside it: compose mounts both."""
+    config = yaml.safe_load((ROOT / "ops" / "prometheus" / "prometheus.yml").read_text())
+    mounted = {str(v.get("target") if isinstance(v, dict) else v.split(":")[1])
+               for v in services["prometheus"]["volumes"]}
+    for rules in config["rule_files"]:
+        assert f"/etc/prometheus/{rules}" in mounted, mounted
