@@ -18,7 +18,7 @@ from leafpool.core.errors import (
 )
 from leafpool.redis.lock import RefillLock
 from leafpool.redis.pool import Pool
-from leafpool.refill.base import FAILED_HOLD_SECONDS
+from leafpool.refill.base import FAILED_HOLD_SECONDS, SourceUnavailable
 from leafpool.segment.refiller import SegmentRefiller
 from leafpool.segment.store import SegmentStore
 from tests.support.clocks import FakeWallClock
@@ -107,6 +107,7 @@ def test_step_follows_how_long_each_consumed_segment_lasted(
         pool_ceiling=10,
         chunk_size=10,
         reserve_seconds=1,
+        outage_seconds=0,  # the reserve by the rate alone: the steps are what is judged
         step_grow_seconds=60,
         step_shrink_seconds=120,
     )
@@ -161,7 +162,9 @@ def test_database_down_keeps_serving_from_the_reserve(
     clock: FakeWallClock,
     r: redis.Redis,
 ) -> None:
-    settings = make_settings(pool_floor=1000, pool_ceiling=1000, chunk_size=500, reserve_seconds=1)
+    # the reserve by the rate alone (the outage budget: tests/refill/test_outage.py)
+    settings = make_settings(pool_floor=1000, pool_ceiling=1000, chunk_size=500,
+                             reserve_seconds=1, outage_seconds=0)
     good = SegmentRefiller(pool, store, settings, wall=clock)
     store.add_tag("order", step=1000)
     good.refill("order")  # list 1000, reserve >= 1000
@@ -169,7 +172,7 @@ def test_database_down_keeps_serving_from_the_reserve(
     dead = SegmentStore.from_url("mysql+pymysql://u:p@127.0.0.1:1/none")
     broken = SegmentRefiller(pool, dead, settings, wall=clock)
     served: list[int] = []
-    with pytest.raises(BackendUnavailable):  # bounded: the reserve is finite
+    with pytest.raises(SourceUnavailable):  # bounded: the reserve is finite
         for _ in range(reserve_before // 1000 + 2):
             served += [int(x) for x in r.lpop("leafpool:{order}:ids", 10_000) or []]
             broken.refill("order")
@@ -178,7 +181,7 @@ def test_database_down_keeps_serving_from_the_reserve(
     assert served == list(range(1, 1001 + reserve_before))
     snap = pool.snapshot("order")
     assert "database" in snap.state["last_error"]
-    assert snap.state["last_refill_result"] == "failed: BackendUnavailable"
+    assert snap.state["last_refill_result"] == "failed: SourceUnavailable"
     # the database is back: the next refill recovers on its own
     good.refill("order")
     popped = [int(x) for x in r.lpop("leafpool:{order}:ids", 10_000)]
@@ -340,6 +343,7 @@ def test_a_burst_grows_the_step_allocation_by_allocation(
         chunk_size=10_000,
         pool_seconds=10,
         reserve_seconds=1,
+        outage_seconds=0,
         burst_sizing=burst_sizing,
     )
     refiller = SegmentRefiller(pool, store, settings, wall=clock)
