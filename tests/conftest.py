@@ -21,6 +21,8 @@ from leafpool.redis.pool import Pool
 from leafpool.segment.store import SegmentStore
 from tests.support import redis_layer, services
 from tests.support.faultproxy import FaultProxy
+from tests.support.servers import NotInstalled
+from tests.support.tls import Pki, make_pki
 
 _db_counter = itertools.count()
 
@@ -138,6 +140,15 @@ def zk_server() -> Iterator[services.Server]:
 @pytest.fixture
 def zk_hosts(zk_server: services.Server) -> str:
     return zk_server.extra["hosts"]
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A throwaway CA with server and client certificates (tests/support/tls.py)."""
+    try:
+        return make_pki(tmp_path_factory.mktemp("pki"))
+    except NotInstalled as exc:
+        services.missing(exc.what)
 
 
 @pytest.fixture

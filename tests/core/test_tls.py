@@ -12,19 +12,9 @@ import pytest
 
 from leafpool.core.config import load_settings
 from leafpool.core.errors import ConfigurationError
-from tests.support import services
-from tests.support.servers import NotInstalled
-from tests.support.tls import Pki, make_pki
+from tests.support.tls import Pki
 
 TLS_URL = "rediss://127.0.0.1:6380/0"
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    try:
-        return make_pki(tmp_path_factory.mktemp("pki"))
-    except NotInstalled as exc:
-        services.missing(exc.what)
 
 
 def _refused(**settings: object) -> ConfigurationError:

@@ -29,18 +29,10 @@ from leafpool.status import pool_status
 from tests.support import services
 from tests.support.processes import Proc, leafpool_env
 from tests.support.servers import NotInstalled
-from tests.support.tls import Pki, make_pki
+from tests.support.tls import Pki
 from tests.support.topologies import SentinelGroup, cluster, sentinel_group
 
 TAG = "order"
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    try:
-        return make_pki(tmp_path_factory.mktemp("pki"))
-    except NotInstalled as exc:
-        services.missing(exc.what)
 
 
 @pytest.fixture(scope="module")
