@@ -154,7 +154,7 @@ class Settings(BaseSettings):
     empty_wait_seconds: float = Field(2.0, ge=0, le=5 * MINUTE)
 
     # snowflake (docs/design.md §8)
-    snowflake_mode: Literal["zk", "zk_recycle", "mysql", "local"] | None = None
+    snowflake_mode: Literal["zk", "zk_recycle", "mysql", "local", "k8s"] | None = None
     zk_hosts: str = ""
     snowflake_name: str = "leafpool"
     snowflake_epoch: int = Field(1288834974657, ge=0)
@@ -172,6 +172,14 @@ class Settings(BaseSettings):
     snowflake_exhaustion_warn_days: int = Field(365, ge=0, le=36_500)
     snowflake_local_map: str = ""
     snowflake_cache_dir: str = ""
+    # mode k8s (docs/design.md §8.6): worker ID = offset + the StatefulSet pod index (this
+    # setting, from the apps.kubernetes.io/pod-index label; unset: HOSTNAME's trailing
+    # ordinal), leased in ZooKeeper; one offset per cluster / data centre
+    snowflake_worker_offset: int = Field(0, ge=0, le=1023)
+    snowflake_pod_index: int | None = Field(None, ge=0, le=1023)
+    # a Celery worker process claims its worker ID when it starts (and publishes its
+    # readiness file), not at its first refill: set on snowflake workers
+    snowflake_claim_at_start: bool = False
 
     # HTTP
     http_host: str = "127.0.0.1"
