@@ -12,6 +12,7 @@ plus the operator's pages. One concern per module:
   the router (the same bytes as the route);
 - :mod:`~leafpool.http.decode`: snowflake ID decoding (Leaf's shape and clean JSON);
 - :mod:`~leafpool.http.ops`: ``/health``, ``/metrics``, ``/api/status``;
+- :mod:`~leafpool.http.probes`: ``/healthz`` (liveness) and ``/readyz`` (readiness);
 - :mod:`~leafpool.http.pages`: ``/cache`` and ``/db`` as HTML.
 
 Every Redis command goes through :class:`~leafpool.redis.pool_async.AsyncPool` (the asyncio

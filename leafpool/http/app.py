@@ -14,7 +14,7 @@ from starlette.middleware import Middleware
 
 from leafpool.core.config import Settings, get_settings
 from leafpool.core.errors import BackendUnavailable
-from leafpool.http import decode, ids, ops, pages
+from leafpool.http import decode, ids, ops, pages, probes
 from leafpool.http.fast import FastIds
 from leafpool.http.service import Service
 
@@ -41,7 +41,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
             await service.aclose()
 
     endpoints = ids.IdEndpoints(service)
-    routes = [*ids.routes(endpoints), *decode.routes(), *ops.routes(), *pages.routes()]
+    routes = [*ids.routes(endpoints), *decode.routes(), *ops.routes(), *probes.routes(),
+              *pages.routes()]
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(FastIds, endpoints=endpoints)])
     app.state.service = service
@@ -62,7 +63,8 @@ def serve(settings: Settings | None = None, workers: int = 1) -> None:
     import uvicorn
 
     settings = settings or get_settings()
-    log.info("leafpool HTTP on http://%s:%d, %d worker process(es) (/cache, /metrics, /health)",
+    log.info("leafpool HTTP on http://%s:%d, %d worker process(es) "
+             "(/cache, /metrics, /health, /healthz, /readyz)",
              settings.http_host, settings.http_port, workers)
     if workers == 1:
         uvicorn.run(create_app(settings), host=settings.http_host, port=settings.http_port,
