@@ -7,39 +7,27 @@ field and the value and exits 2; an unavailable backend exits 1.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from leafpool.cli_common import err, out, reports_errors, runtime
+from leafpool.cli_probe import probe_app
 from leafpool.cli_setup import db_app, redis_acl, redis_app
+from leafpool.cli_status import status
 from leafpool.core.config import get_settings
 from leafpool.core.errors import (
     ConfigurationError,
     InvalidArgument,
     LeafpoolError,
-    UnknownTag,
 )
 from leafpool.core.tags import validate_tag
 from leafpool.redis.register import register
 from leafpool.runtime import Runtime
-from leafpool.status import (
-    RICH_TABLE_ROWS,
-    STATUS_COLUMNS,
-    TagStatus,
-    notices,
-    plain_table,
-    pool_status,
-    status_detail,
-    status_json,
-    status_row,
-)
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="leafpool: distributed IDs from pre-generated Redis pools.")
@@ -47,7 +35,9 @@ tag_app = typer.Typer(no_args_is_help=True, help="Business tags.")
 app.add_typer(db_app, name="db")
 app.add_typer(redis_app, name="redis")
 app.add_typer(tag_app, name="tag")
+app.add_typer(probe_app, name="probe")
 app.command("acl", help="The same as `leafpool redis acl`.")(redis_acl)
+app.command("status")(status)
 
 # -- tags -----------------------------------------------------------------------------
 
@@ -181,76 +171,6 @@ def tag_remove(tag: str) -> None:
 
 
 # -- pools ----------------------------------------------------------------------------
-
-@app.command()
-@reports_errors
-def status(
-    tags: Annotated[list[str] | None, typer.Argument(
-        help="Only these tags, each in full: a field a line, nothing cut")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,
-    watch: Annotated[float, typer.Option(help="Refresh every N seconds (0: once)")] = 0.0,
-) -> None:
-    """Per tag: list length vs target, reserve, step, max_id, rate, seconds held at the
-    peak and left at the rate now, last refill; the database and dry tags above."""
-    rt = runtime()
-    for tag in tags or []:
-        validate_tag(tag)
-    while True:
-        with _collector_paused():
-            rows = pool_status(rt.pool, tags)
-            if tags and not as_json:
-                _print_details(rows, clear=bool(watch))
-            else:
-                _print_status(rows, as_json, clear=bool(watch))
-        if not watch:
-            return
-        time.sleep(watch)
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector held off while a status is read and printed: the
-    half million objects of 10,000 tags' replies set off its full collections again and
-    again (a fifth of the command's time); the replies hold no cycles."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _print_details(rows: list[TagStatus], clear: bool) -> None:
-    if clear:
-        out.clear()
-    for row in rows:
-        if row.mode == "?":
-            raise UnknownTag(row.tag)
-        sys.stdout.write(status_detail(row) + "\n")
-    sys.stdout.flush()
-
-
-def _print_status(rows: list[TagStatus], as_json: bool, clear: bool) -> None:
-    if as_json:  # plain writes: rich's highlighting took seconds for 10,000 tags
-        sys.stdout.write(status_json(rows))
-        sys.stdout.flush()
-    else:
-        cells = [status_row(r) for r in rows]
-        if clear:
-            out.clear()
-        for line in notices(rows):
-            out.print(line, highlight=False, markup=False, soft_wrap=True)
-        if len(cells) > RICH_TABLE_ROWS:
-            sys.stdout.write(plain_table(cells))
-            sys.stdout.flush()
-        else:
-            table = Table(*STATUS_COLUMNS)
-            table.columns[-1].overflow = "fold"  # the last error whole, folded, never cut
-            for row in cells:
-                table.add_row(*row)
-            out.print(table)
-
 
 @app.command()
 @reports_errors
