@@ -3,13 +3,18 @@ connection inherited from the parent process is never shared."""
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from typing import Any
 
 from celery.signals import celeryd_init, worker_process_init, worker_process_shutdown
 
+from leafpool.core.errors import LeafpoolError
 from leafpool.runtime import Runtime
 from leafpool.snowflake.registry import process_identity
+
+log = logging.getLogger(__name__)
 
 _runtime: Runtime | None = None
 _node_name = "celery"
@@ -41,6 +46,32 @@ def _remember_node_name(sender: Any = None, **_: object) -> None:
 def _open(**_: object) -> None:
     global _runtime
     _runtime = Runtime(identity=identity())
+    if _runtime.settings.snowflake_claim_at_start:
+        _claim_at_start(_runtime)
+
+
+def _claim_at_start(rt: Runtime) -> threading.Thread:
+    """LEAFPOOL_SNOWFLAKE_CLAIM_AT_START: claim the worker ID now, not at the first
+    refill, so the readiness file (``leafpool probe snowflake``) says whether this
+    process holds it; a refused claim (the lease still held by a predecessor) is tried
+    again every LEAFPOOL_SNOWFLAKE_RENEW_SECONDS until it succeeds or the process ends."""
+    generator = rt.snowflake_refiller().generator
+
+    def claim() -> None:
+        while True:
+            try:
+                lease = generator.start()
+            except LeafpoolError as exc:
+                log.warning("%s: worker ID not claimed at start (%s); trying again in %ss",
+                            rt.identity, exc, rt.settings.snowflake_renew_seconds)
+                threading.Event().wait(rt.settings.snowflake_renew_seconds)
+                continue
+            log.info("%s: worker %d claimed at start", rt.identity, lease.worker_id)
+            return
+
+    thread = threading.Thread(target=claim, name="leafpool-snowflake-claim", daemon=True)
+    thread.start()
+    return thread
 
 
 @worker_process_shutdown.connect

@@ -32,6 +32,7 @@ from leafpool.core.setting_values import validate_name
 from leafpool.core.snowflake_layout import iso_utc, validate_worker_id, wall_clock_ms
 from leafpool.snowflake.registry.cache import CacheFile, CacheRecord
 from leafpool.snowflake.registry.identity import safe_identity, split_identity
+from leafpool.snowflake.registry.ready import Readiness, ReadyFile, ready_dir
 from leafpool.snowflake.registry.timing import LeaseDeadline
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class BaseRegistry:
         self.deadline = LeaseDeadline(settings, self.leased, monotonic, clock)
         self.cache_dir = Path(settings.snowflake_cache_dir) / self.name
         self.cache = CacheFile(self.cache_dir / f"{self.safe_identity}.json")
+        self.ready = ReadyFile(ready_dir(settings), self.safe_identity)
         self.token = ""
         #: the current lease; the mark recorded for it; why it is fenced (for good)
         self.lease: Lease | None = None
@@ -133,6 +135,7 @@ class BaseRegistry:
                 lease.source,
                 start.recorded,
             )
+            self.publish_ready()
         if self.background:
             interval = self.settings.snowflake_report_seconds
             if self.leased:
@@ -178,6 +181,7 @@ class BaseRegistry:
             lease = self.lease
             if lease is None:
                 return
+            self.ready.withdraw(self.identity, f"releasing worker {lease.worker_id}")
             final = self.high_water_ms
             if last_emitted_ms is not None:
                 final = max(last_emitted_ms, self.clock(), lease.last_timestamp_ms)
@@ -195,7 +199,13 @@ class BaseRegistry:
 
     def tick(self) -> None:
         """One background round: report the clock to the source (renewing the lease in
-        the leasing modes) and to the cache file."""
+        the leasing modes) and to the cache file; then the readiness file."""
+        try:
+            self._tick()
+        finally:
+            self.publish_ready()
+
+    def _tick(self) -> None:
         with self._io:
             lease = self.lease
             if lease is None or self.fenced is not None:
@@ -209,6 +219,23 @@ class BaseRegistry:
                 return
             self.high_water_ms = ts
             self._write_cache(lease.worker_id, ts)
+
+    def publish_ready(self) -> None:
+        """Refresh the readiness file while the lease is held; remove it when not."""
+        with self._io:
+            lease = self.lease
+            if lease is None:
+                return
+            try:
+                self.check()
+            except WorkerIdUnavailable as exc:
+                self.ready.withdraw(self.identity, str(exc))
+                return
+            now = self.clock()
+            until = self.deadline.until_wall if self.leased else (
+                now + int(3_000 * self.settings.snowflake_report_seconds))
+            self.ready.publish(Readiness(self.identity, lease.worker_id, self.mode,
+                                         os.getpid(), until, now))
 
     # -- what a mode supplies -----------------------------------------------------------
 
@@ -302,6 +329,7 @@ class BaseRegistry:
     def _fence(self, reason: str) -> None:
         if self.fenced is None:
             self.fenced = reason
+            self.ready.withdraw(self.identity, f"fenced: {reason}")
             wid = self.lease.worker_id if self.lease else -1
             log.error("%s: worker %d fenced, generation must stop: %s", self.identity, wid, reason)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,9 +43,19 @@ class LeasedGenerator:
         self.generator: SnowflakeGenerator | None = None
         self.lease: Lease | None = None
         self._recorded = 0
+        # one generator per lease: a claim at start (a thread) and a first refill may race
+        self._lock = threading.RLock()
 
     def start(self) -> Lease:
-        """Claim a worker ID and build the generator above its recorded timestamp."""
+        """Claim a worker ID and build the generator above its recorded timestamp
+        (again only after the lease was lost: while held, the lease in use)."""
+        with self._lock:
+            if self.generator is not None and self.lease is not None and (
+                    self.registry.lease is self.lease and self.registry.fenced is None):
+                return self.lease
+            return self._start()
+
+    def _start(self) -> Lease:
         lease = self.registry.claim()
         self.generator = SnowflakeGenerator.from_settings(
             lease.worker_id,
@@ -79,23 +90,28 @@ class LeasedGenerator:
 
     def next_batch(self, n: int) -> list[int]:
         """``n`` IDs, the recorded mark covering their timestamps (a window ahead)."""
-        if self.generator is None:
-            self.start()
-        assert self.generator is not None
-        self.registry.check()
-        ids = self.generator.next_batch(n)
-        last = self.generator.last_timestamp_ms
-        if last is not None and last > self._recorded:
-            self.registry.record_high_water(last + self.window_ms)
-            self._recorded = last + self.window_ms
-        self.registry.check()
-        return ids
+        with self._lock:
+            if self.generator is None:
+                self.start()
+            assert self.generator is not None
+            self.registry.check()
+            ids = self.generator.next_batch(n)
+            last = self.generator.last_timestamp_ms
+            if last is not None and last > self._recorded:
+                self.registry.record_high_water(last + self.window_ms)
+                self._recorded = last + self.window_ms
+            self.registry.check()
+            return ids
 
     def next_id(self) -> int:
         return self.next_batch(1)[0]
 
     def close(self) -> None:
         """Release the worker ID (clean shutdown)."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         gen = self.generator
         last = gen.last_timestamp_ms if gen is not None else None
         try:
