@@ -28,7 +28,7 @@ def _instruction(name: str) -> str:
     text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
     found = re.findall(rf"^{name}\s+(.+)$", text, re.MULTILINE)
     assert len(found) == 1, (name, found)
-    return found[0].strip()
+    return str(found[0]).strip()
 
 
 def healthcheck_command() -> list[str]:
