@@ -31,6 +31,7 @@ REGISTRIES = {
     "zk_recycle": ("recycle", "RecycleRegistry"),
     "mysql": ("mysql", "MySqlRegistry"),
     "local": ("local", "LocalRegistry"),
+    "k8s": ("k8s", "K8sRegistry"),
 }
 MODES = tuple(REGISTRIES)
 
@@ -40,7 +41,7 @@ def open_registry(settings: Settings, identity: str, **kwargs: Any) -> BaseRegis
 
     ``kwargs`` go to the registry: ``clock``, ``sleep``, ``monotonic`` (tests),
     ``background=False`` (no report/renew thread), ``start_wait_ms``,
-    ``connect_timeout_s`` (ZooKeeper modes), ``engine`` (mysql)."""
+    ``connect_timeout_s`` (ZooKeeper modes), ``engine`` (mysql), ``hostname`` (k8s)."""
     validate_identity(identity)
     mode = settings.snowflake_mode
     if mode not in REGISTRIES:

@@ -60,14 +60,18 @@ class RecycleRegistry(ZooKeeperRegistry):
             "cannot stand in for it"
         ) from exc
 
-    def _claim_with(self, client: KazooClient, cached: CacheRecord | None) -> Start:
-        """Create the first free lease node, this identity's previous worker ID first."""
+    def _prepare(self, client: KazooClient) -> None:
+        """Before a claim: the lease is the session ZooKeeper granted; watch its state."""
         assert self.session is not None
         self.deadline.lease_s = self.session.timeout_s
         self._suspended_at = None
         client.add_listener(self._on_state)
         client.ensure_path(self.lease_dir)
         client.ensure_path(self.hw_dir)
+
+    def _claim_with(self, client: KazooClient, cached: CacheRecord | None) -> Start:
+        """Create the first free lease node, this identity's previous worker ID first."""
+        self._prepare(client)
         taken = {int(c) for c in client.get_children(self.lease_dir) if c.isdigit()}
         previous = cached.worker_id if cached is not None else -1
         free = sorted(set(range(MAX_WORKER_ID + 1)) - taken, key=lambda w: (w != previous, w))
