@@ -130,6 +130,21 @@ def main() -> None:
                                            "burst", "tags", "tls", "outage", "galera"],
                         default="", help="one section")
     args = parser.parse_args()
+    if not args.smoke:
+        run(args)
+        return
+    console.print(SMOKE_BANNER, style="bold reverse", highlight=False)
+    try:
+        run(args)
+    finally:
+        console.print(SMOKE_BANNER, style="bold reverse", highlight=False)
+
+
+SMOKE_BANNER = ("SMOKE RUN: tiny sizes to prove the benchmarks run; its figures are NOT "
+                "measurements (see README's Benchmarks for those)")
+
+
+def run(args: argparse.Namespace) -> None:
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
     sections = {"replication": replication_section, "snowflake": snowflake_section,
                 "http": http_section, "tls": tls_section}

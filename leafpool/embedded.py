@@ -275,12 +275,41 @@ def up(settings: Settings, tag: str = "demo", say: Callable[[str], None] = print
         port = urlparse(settings.redis_url).port or 6379
         say(f"\nIDs served from the segment pool '{tag}': {ids}")
         say(f"IDs served from the snowflake pool '{flake}': {flakes}\n")
-        say(f"  redis-cli -p {port} LPOP 'leafpool:{{{tag}}}:ids'")
-        say(f"  redis-cli -p {port} LPOP 'leafpool:{{{tag}}}:ids' 100")
-        say(f"  leafpool pop {tag} -n 5     leafpool decode {flakes[0]}     leafpool status")
-        if http:
-            say(f"  curl http://{settings.http_host}:{settings.http_port}/api/segment/get/{tag}")
+        for line in try_lines(settings, tag, flakes[0], port, http):
+            say(line)
         say("\nCtrl-C stops everything started here.")
         if forever:
             env.wait_for_stop()
     return ids
+
+
+def cli_command() -> str:
+    """How to type this process's ``leafpool`` in a shell started where it was: the bare name
+    when it is on PATH, else its path (``.venv/bin/leafpool`` under ``./dev up``)."""
+    here = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    on_path = shutil.which("leafpool")
+    if not here.endswith("leafpool") or (on_path and os.path.realpath(on_path) == here):
+        return "leafpool"
+    relative = os.path.relpath(os.path.abspath(sys.argv[0]))
+    return relative if not relative.startswith("..") else os.path.abspath(sys.argv[0])
+
+
+def try_lines(settings: Settings, tag: str, flake: int, port: int, http: bool) -> list[str]:
+    """The commands ``up`` suggests, each working as typed: redis-cli only where it is
+    installed, the full path of ``leafpool`` when it is not on PATH, and the HTTP call with
+    curl where there is curl, else with Python (a minimal Debian has no curl)."""
+    lines = []
+    if shutil.which("redis-cli"):
+        lines += [f"  redis-cli -p {port} LPOP 'leafpool:{{{tag}}}:ids'",
+                  f"  redis-cli -p {port} LPOP 'leafpool:{{{tag}}}:ids' 100"]
+    cli = cli_command()
+    lines += [f"  {cli} pop {tag} -n 5", f"  {cli} decode {flake}", f"  {cli} status"]
+    if http:
+        url = f"http://{settings.http_host}:{settings.http_port}/api/segment/get/{tag}"
+        if shutil.which("curl"):
+            lines.append(f"  curl {url}")
+        else:
+            python = "python3" if shutil.which("python3") else sys.executable
+            lines.append(f"  {python} -c \"import urllib.request as u; "
+                         f"print(u.urlopen('{url}').read().decode())\"")
+    return lines

@@ -136,7 +136,7 @@ def test_decode_agrees_with_leafs_decoder(cli: Run) -> None:
 def test_status_holds_the_garbage_collector_off_only_while_it_reads() -> None:
     import gc
 
-    from leafpool.cli import _collector_paused
+    from leafpool.cli_status import _collector_paused
 
     assert gc.isenabled()
     with pytest.raises(RuntimeError), _collector_paused():

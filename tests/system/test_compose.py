@@ -189,8 +189,9 @@ def test_raw_file_parses_and_dockerfile_installs_the_package() -> None:
     assert set(raw["services"]) >= CORE
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim$", dockerfile, re.M)
-    assert 'pip install ".[monitor]"' in dockerfile
-    for path in ("pyproject.toml", "leafpool", "workers"):
+    assert "pip install --require-hashes -r requirements/run.txt" in dockerfile
+    assert "pip install --no-deps ." in dockerfile
+    for path in ("requirements/run.txt", "pyproject.toml", "leafpool", "workers"):
         assert re.search(rf"^COPY .*\b{re.escape(path)}\b", dockerfile, re.M), path
         assert (ROOT / path).exists()
 
