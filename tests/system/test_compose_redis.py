@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -244,6 +244,24 @@ def _node(name: str, script: str, env: dict[str, str], port: int, home: Path,
     return server
 
 
+def _tails(nodes: list[Server], lines: int = 60) -> str:
+    """The last lines of each node's log, for a failure message."""
+    out = []
+    for node in nodes:
+        text = node.log.read_text(errors="replace") if node.log.exists() else ""
+        out.append(f"--- {node.name} ({node.log.name}) ---\n"
+                   + "\n".join(text.splitlines()[-lines:]))
+    return "\n".join(out)
+
+
+def _wait(nodes: list[Server], check: Callable[[], bool], timeout: float, what: str) -> None:
+    """:func:`services.wait_until`, its failure showing the nodes' logs."""
+    try:
+        services.wait_until(check, timeout, what)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}\n{_tails(nodes)}") from exc
+
+
 def _info(url: str) -> dict[str, Any]:
     client = _once(url)
     try:
@@ -280,15 +298,20 @@ def test_the_ha_nodes_replicate_and_fail_over_under_their_users(
             config["redis-ha-replica"]["environment"], rport, tmp_path / "r",
             {**data, "redis-ha-master 6379": f"127.0.0.1 {mport}"}))
         monitor = f"redis://leafpool-monitor:{SECRETS['LEAFPOOL_ACL_MONITOR_PASSWORD']}@127.0.0.1"
-        services.wait_until(
-            lambda: _info(f"{monitor}:{rport}/0").get("master_link_status") == "up", 30,
-            "the replica's sync as leafpool-replication")
+        _wait(nodes,
+              lambda: _info(f"{monitor}:{rport}/0").get("master_link_status") == "up", 30,
+              "the replica's sync as leafpool-replication")
+        # the shipped down-after-milliseconds (5000), not a shorter one: right after
+        # +switch-master Sentinel reconnects to the new master only once its reconnect
+        # period (1 s, counted from its last attempt at the old address) has passed, and
+        # counts the new master down from the switch; with 1000 ms it flagged the new
+        # master +sdown, and this lone sentinel (quorum 1) failed back to the old master,
+        # back but not yet converted to a replica (it reports role master: a candidate)
         nodes.append(_node(
             "sentinel", unescape(config["sentinel-1"]["command"][-1]),
             config["sentinel-1"]["environment"], sport, tmp_path / "s",
             {"port 26379": "port {port}\\nbind 127.0.0.1",
              "redis-ha-master 6379 2": f"127.0.0.1 {mport} 1",
-             "down-after-milliseconds leafpool 5000": "down-after-milliseconds leafpool 1000",
              "/tmp/sentinel.conf": "{home}/sentinel.conf"}))
         sentinel = redis.Redis(port=sport, decode_responses=True)
 
@@ -299,7 +322,7 @@ def test_the_ha_nodes_replicate_and_fail_over_under_their_users(
                     and all(r["flags"] == "slave"
                             for r in sentinel.sentinel_slaves("leafpool")))
 
-        services.wait_until(lambda: sees(mport, 1), 30, "the sentinel's view, logged in")
+        _wait(nodes, lambda: sees(mport, 1), 30, "the sentinel's view, logged in")
         # the worker's pools, as leafpool opens them from the service's settings
         worker = load_settings(
             redis_url=config["segment-worker-ha"]["environment"]["LEAFPOOL_REDIS_URL"],
@@ -314,9 +337,8 @@ def test_the_ha_nodes_replicate_and_fail_over_under_their_users(
 
         write("before")
         nodes[0].kill(signal.SIGKILL)
-        services.wait_until(
-            lambda: sentinel.sentinel_get_master_addr_by_name("leafpool")[1] == rport, 60,
-            "the failover")
+        _wait(nodes, lambda: sentinel.sentinel_get_master_addr_by_name("leafpool")[1] == rport,
+              60, "the failover")
         old = _info(f"{monitor}:{rport}/0")
         assert old.get("role") == "master"
         nodes[0].start()  # the old master, back: the sentinel makes it a replica
@@ -325,7 +347,7 @@ def test_the_ha_nodes_replicate_and_fail_over_under_their_users(
             info = _info(f"{monitor}:{mport}/0")
             return info.get("role") == "slave" and info.get("master_link_status") == "up"
 
-        services.wait_until(synced, 90, "the old master's sync from the new one")
+        _wait(nodes, synced, 90, "the old master's sync from the new one")
         write("after")
         sentinel.close()
     finally:
