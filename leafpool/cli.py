@@ -298,7 +298,10 @@ def up(
     """Bring up the embedded default (SQLite, local Redis, worker, beat) and show IDs."""
     from leafpool.embedded import up as bring_up
 
-    bring_up(get_settings(), validate_tag(tag), say=out.print)
+    def say(text: str) -> None:  # never wrapped: each command it prints copies as one line
+        out.print(text, soft_wrap=True, highlight=False, markup=False)
+
+    bring_up(get_settings(), validate_tag(tag), say=say)
 
 
 def main() -> None:

@@ -1,0 +1,183 @@
+"""The first hour on a fresh machine (issue 20, item 7), each papercut run as a real process:
+the commands ``leafpool up`` prints work as typed with neither curl nor the venv on PATH;
+``./dev`` prints no BuildBackendWarning; ``leafpool status`` piped or in a 60-column
+terminal keeps each tag on one line, and ``--format tsv`` is for a script; ``bench --smoke``
+says its figures are not measurements; a passing test keeps no temporary directory."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from leafpool.redis.pool import Pool
+from leafpool.status import STATUS_COLUMNS
+from tests.support import services
+from tests.support.processes import Proc, leafpool_env
+
+ROOT = Path(__file__).resolve().parents[1]
+LEAFPOOL = Path(sys.executable).parent / "leafpool"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _bare_path(tmp_path: Path, *tools: str) -> str:
+    """A PATH with only these tools: no curl, no venv (a minimal Debian's shell)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in tools:  # python3: the interpreter itself (a pyenv shim needs pyenv)
+        found = str(Path(sys.executable).resolve()) if tool == "python3" else shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    return str(bin_dir)
+
+
+@pytest.mark.slow
+def test_every_command_up_prints_works_as_typed(tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None:
+        services.missing("redis-server")
+    if not LEAFPOOL.exists():
+        pytest.skip("no leafpool script beside this Python (not installed in a venv)")
+    port, http_port = services.free_port(), services.free_port()
+    env = leafpool_env(home=tmp_path / "home", redis_url=f"redis://127.0.0.1:{port}/0",
+                       http_port=http_port)
+    env["PATH"] = _bare_path(tmp_path, "redis-server", "redis-cli", "python3", "bash", "env")
+    assert shutil.which("curl", path=env["PATH"]) is None
+    up = Proc([str(LEAFPOOL), "up"], env)  # as ./dev up starts it: the venv's script
+    try:
+        up.wait_line("Ctrl-C stops everything", 120)
+        services.wait_until(lambda: services.port_open(http_port), 30, "HTTP service")
+        start = max(i for i, line in enumerate(up.seen) if line.startswith("IDs served"))
+        commands = [line.strip() for line in up.seen[start + 1:]
+                    if line.startswith("  ") and line.strip()]
+        assert len(commands) >= 5, up.seen
+        assert not [c for c in commands if c.startswith(("leafpool ", "curl "))], commands
+        for command in commands:
+            done = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, timeout=60,
+                                  capture_output=True, text=True)
+            assert done.returncode == 0 and done.stdout.strip(), (command, done.stderr)
+            if " pop " in command or "LPOP" in command or "urlopen" in command:
+                assert re.search(r"\d", done.stdout), (command, done.stdout)
+    finally:
+        up.kill()
+
+
+def test_dev_runs_leafpool_without_a_build_backend_warning(tmp_path: Path) -> None:
+    """The editable install is a .pth entry (pyproject: package-dir ""), which setuptools
+    makes without its BuildBackendWarning; and ./dev installs only when a lock changed."""
+    if not (ROOT / ".venv" / "bin" / "leafpool").exists():
+        pytest.skip("no .venv: ./dev has not installed the project here")
+    for _ in range(2):  # the second run finds nothing to install
+        done = subprocess.run([str(ROOT / "dev"), "leafpool", "--help"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        assert "Usage" in done.stdout and "leafpool" in done.stdout
+        assert "Warning" not in done.stderr + done.stdout, done.stderr
+    # pip's own editable install of this project, as ./dev makes it, into a scratch venv
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "v")], check=True,
+                   timeout=120)
+    done = subprocess.run([str(tmp_path / "v" / "bin" / "pip"), "install", "--no-deps",
+                           "--disable-pip-version-check", "-e", str(ROOT)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stdout + done.stderr, done.stderr
+    where = subprocess.run([str(tmp_path / "v" / "bin" / "python"), "-c",
+                            "import importlib.util as u; print(u.find_spec('leafpool').origin)"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert where.stdout.strip() == str(ROOT / "leafpool" / "__init__.py"), where.stderr
+
+
+def _status(env: dict[str, str], *args: str, tty: bool = False) -> str:
+    argv = [sys.executable, "-m", "leafpool.cli", "status", *args]
+    if not tty:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(argv, env=env, stdout=follower, stderr=subprocess.PIPE)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the terminal's other end closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0
+    return ANSI.sub("", b"".join(chunks).decode().replace("\r\n", "\n"))
+
+
+def test_status_piped_or_narrow_keeps_each_tag_on_one_line(
+    pool: Pool, redis_url: str, tmp_path: Path
+) -> None:
+    error = "order.long: the database said something long enough to wrap a narrow terminal"
+    tags = ["order.long", "pay", "user"]
+    for tag in tags:
+        pool.register(tag, "segment", 0, last_error=error if tag == "order.long" else "",
+                      last_error_ms=1_700_000_000_000 if tag == "order.long" else 0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
+    env.update({"LEAFPOOL_REDIS_URL": redis_url, "COLUMNS": "60", "TERM": "xterm",
+                "LEAFPOOL_DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+                "LEAFPOOL_HOME": os.environ["LEAFPOOL_HOME"]})
+
+    for out in (_status(env), _status(env, tty=True)):  # a pipe; a 60-column terminal
+        lines = [line for line in out.splitlines() if line.strip()]
+        assert lines[0].split()[:2] == ["tag", "mode"], out
+        rows = lines[1:]
+        assert [r.split()[0] for r in rows] == tags, out  # one line a tag, nothing else
+        assert error in rows[0]  # whole, not folded nor cut
+        assert not any(ch in out for ch in "│┃━─"), out  # not rich's table
+
+    wide = _status({**env, "COLUMNS": "400"}, tty=True)
+    assert "┃" in wide or "│" in wide  # a terminal wide enough: the table
+
+    tsv = _status(env, "--format", "tsv").splitlines()
+    table = [line.split("\t") for line in tsv]
+    assert table[0] == list(STATUS_COLUMNS)
+    assert all(len(row) == len(STATUS_COLUMNS) for row in table)
+    by_tag = {row[0]: dict(zip(STATUS_COLUMNS, row, strict=True)) for row in table[1:]}
+    assert list(by_tag) == tags and error in by_tag["order.long"][STATUS_COLUMNS[-1]]
+    assert by_tag["pay"]["mode"] == "segment"
+
+
+@pytest.mark.slow
+def test_bench_smoke_says_its_figures_are_not_measurements() -> None:
+    """The banner opens and closes the output, even of a section that stops early."""
+    if shutil.which("redis-server") is None:
+        services.missing("redis-server")
+    done = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--only", "tls"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "COLUMNS": "200"})
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert lines, done.stderr
+    assert "NOT measurements" in lines[0] and "NOT measurements" in lines[-1], lines
+    assert done.stdout.count("NOT measurements") == 2
+
+
+def test_a_passing_test_keeps_no_temporary_directory(tmp_path: Path) -> None:
+    """pyproject's tmp_path_retention_policy = "failed": the MariaDB data directory of a
+    passing test does not stay in the temporary folder; a failed test's does, for a look."""
+    (tmp_path / "test_scratch.py").write_text(
+        "def test_passes(tmp_path):\n    (tmp_path / 'data').write_text('x' * 1000)\n\n"
+        "def test_fails(tmp_path):\n    (tmp_path / 'data').write_text('x')\n"
+        "    assert False\n")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp), "PYTEST_DEBUG_TEMPROOT": str(temp)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c",
+         str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
+         str(tmp_path / "test_scratch.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert "1 failed, 1 passed" in done.stdout, done.stdout
+    kept = sorted(p.name for p in temp.glob("pytest-of-*/pytest-[0-9]*/*")
+                  if p.is_dir() and not p.is_symlink())
+    assert kept == ["test_fails0"], kept
