@@ -73,15 +73,22 @@ def _render(kubectl: str, overlay_dir: Path) -> subprocess.CompletedProcess[str]
                           capture_output=True, text=True, timeout=60)
 
 
+@pytest.fixture(scope="module")
+def renders(kubectl: str, tree: Path) -> dict[str, Rendered]:
+    """Each overlay rendered once."""
+    out = {}
+    for overlay in OVERLAYS:
+        done = _render(kubectl, tree / "overlays" / overlay)
+        assert done.returncode == 0, done.stderr
+        path = tree / f"{overlay}.rendered.yaml"
+        path.write_text(done.stdout)
+        out[overlay] = Rendered(overlay, path, [d for d in yaml.safe_load_all(done.stdout) if d])
+    return out
+
+
 @pytest.fixture(scope="module", params=OVERLAYS)
-def rendered(request: pytest.FixtureRequest, kubectl: str, tree: Path) -> Rendered:
-    overlay: str = request.param
-    done = _render(kubectl, tree / "overlays" / overlay)
-    assert done.returncode == 0, done.stderr
-    path = tree / f"{overlay}.rendered.yaml"
-    path.write_text(done.stdout)
-    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
-    return Rendered(overlay, path, docs)
+def rendered(request: pytest.FixtureRequest, renders: dict[str, Rendered]) -> Rendered:
+    return renders[request.param]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +99,7 @@ def checkov_report(rendered: Rendered) -> dict[str, Any]:
         unavailable("checkov is not installed (pip install -e '.[test]')")
     config = K8S / "checkov" / f"{rendered.overlay}.yaml"
     done = subprocess.run([str(exe), "--config-file", str(config), "-f", str(rendered.path),
-                           "-o", "json"],
+                           "-o", "json", "--skip-download"],  # offline
                           capture_output=True, text=True, timeout=300, cwd=rendered.path.parent)
     report = json.loads(done.stdout)
     if isinstance(report, list):
@@ -296,10 +303,8 @@ def test_the_workloads(rendered: Rendered) -> None:
                 assert c["image"] == "leafpool:latest", where(doc, c)  # kustomize images:
 
 
-def test_dev_runs_one_of_each_with_its_own_servers(rendered: Rendered) -> None:
-    if rendered.overlay != "dev":
-        pytest.skip("dev only")
-    docs = rendered.docs
+def test_dev_runs_one_of_each_with_its_own_servers(renders: dict[str, Rendered]) -> None:
+    docs = renders["dev"].docs
     for name in ("redis", "mariadb", "zookeeper"):
         assert replicas(find(docs, "StatefulSet", name)) == 1
     for doc in workloads(docs):
@@ -307,10 +312,8 @@ def test_dev_runs_one_of_each_with_its_own_servers(rendered: Rendered) -> None:
     find(docs, "Deployment", "leafpool-flower")  # the optional component, included
 
 
-def test_production_is_replicated_and_fenced(rendered: Rendered) -> None:
-    if rendered.overlay != "production":
-        pytest.skip("production only")
-    docs = rendered.docs
+def test_production_is_replicated_and_fenced(renders: dict[str, Rendered]) -> None:
+    docs = renders["production"].docs
     assert replicas(find(docs, "Deployment", "leafpool-segment-worker")) >= 2
     assert replicas(find(docs, "StatefulSet", "leafpool-snowflake")) >= 2
     assert "replicas" not in find(docs, "Deployment", "leafpool-http")["spec"]  # the HPA's
