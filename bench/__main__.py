@@ -141,7 +141,7 @@ def main() -> None:
 
 
 SMOKE_BANNER = ("SMOKE RUN: tiny sizes to prove the benchmarks run; its figures are NOT "
-                "measurements (see README's Benchmarks for those)")
+                "measurements (the README's Performance section has those)")
 
 
 def run(args: argparse.Namespace) -> None:
