@@ -66,7 +66,7 @@ def make(zk_hosts: str, tmp_path: Path) -> Iterator[Any]:
         settings = load_settings(
             snowflake_mode="k8s", zk_hosts=zk_hosts, snowflake_name=name,
             snowflake_cache_dir=str(tmp_path / cache), snowflake_worker_offset=10,
-            snowflake_lease_seconds=3, snowflake_renew_seconds=0.5, **overrides)
+            snowflake_lease_seconds=10, snowflake_renew_seconds=0.5, **overrides)
         reg = open_registry(settings, f"{hostname}:snowflake@{hostname}:0",
                             hostname=hostname, background=False)
         assert isinstance(reg, K8sRegistry)
@@ -138,6 +138,6 @@ def test_probe_snowflake_reads_fresh_files_only(make: Any, tmp_path: Path) -> No
     pod.ready.path.write_text(json.dumps({**record, "pid": int(dead.stdout)}))
     done = _probe_cli(pod.settings, tmp_path)
     assert done.returncode == 1 and "gone" in done.stderr
-    pod.publish_ready()  # the next renew round rewrites it
+    pod.tick()  # the next renew round rewrites it
     assert _probe_cli(pod.settings, tmp_path).returncode == 0
     assert os.getpid() == json.loads(pod.ready.path.read_text())["pid"]
