@@ -5,7 +5,10 @@ on the rendered manifests with every skipped check justified; and what matters i
 directly: requests and limits on every container, non-root everywhere, read-only root
 filesystems for leafpool's containers, no secret value in production, one beat, the
 snowflake workers a StatefulSet with their worker ID from the pod index, PDBs and
-NetworkPolicies in production, probes that mean something.
+NetworkPolicies in production, probes that mean something. The probes are then run as the
+manifests write them against real processes: ``leafpool serve`` with the ConfigMap's
+settings answers the liveness and readiness paths, the beat's readiness command says no
+without the beat lock and yes with it, and ``leafpool probe snowflake`` exists.
 
 kubectl is not a Debian package in bookworm (``./dev test`` cannot install it): without it
 these tests skip saying so, under CI=true too; the machine image CI runs on has it.
@@ -21,15 +24,19 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
 
-from tests.support.services import ROOT, unavailable
+from tests.support.processes import Proc, leafpool_env
+from tests.support.services import ROOT, free_port, port_open, unavailable, wait_until
 
 K8S = ROOT / "ops" / "k8s"
 OVERLAYS = ("dev", "production")
@@ -358,3 +365,66 @@ def test_dev_does_not_render_without_its_secret_files(kubectl: str, tmp_path: Pa
     done = _render(kubectl, root / "overlays" / "dev")
     assert done.returncode != 0
     assert "secrets/worker.env" in done.stderr
+
+
+# -- the probes as the manifests write them, run against real processes -------------------
+
+def _pod_env(docs: list[Doc], **overrides: str) -> dict[str, str]:
+    """The environment a leafpool pod gets from the ConfigMap, with ``overrides`` in place
+    of its Secret and of what cannot be the same here (the port, the home)."""
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    return leafpool_env({**config["data"], **overrides})
+
+
+def _exec(command: list[str], env: dict[str, str]) -> int:
+    argv = [sys.executable if command[0] == "python" else command[0], *command[1:]]
+    if argv[0] == "leafpool":
+        argv = [sys.executable, "-m", "leafpool.cli", *argv[1:]]
+    return subprocess.run(argv, env=env, capture_output=True, timeout=60).returncode
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def test_the_http_probes_answer_on_a_real_service(renders: dict[str, Rendered], redis_url: str,
+                                                  tmp_path: Path) -> None:
+    docs = renders["production"].docs
+    (web,) = containers(find(docs, "Deployment", "leafpool-http"))
+    port = free_port()
+    env = _pod_env(docs, LEAFPOOL_REDIS_URL=redis_url, LEAFPOOL_HTTP_PORT=str(port),
+                   LEAFPOOL_HTTP_HOST="127.0.0.1", LEAFPOOL_HOME=str(tmp_path),
+                   LEAFPOOL_DATABASE_URL=f"sqlite:///{tmp_path / 'leafpool.sqlite3'}")
+    assert web["command"] == ["leafpool", "serve"]
+    serve = Proc([sys.executable, "-m", "leafpool.cli", "serve"], env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        live = web["livenessProbe"]["httpGet"]["path"]
+        ready = web["readinessProbe"]["httpGet"]["path"]
+        wait_until(lambda: port_open(port), 30, "leafpool serve")
+        assert _get(base + live) == 200
+        wait_until(lambda: _get(base + ready) == 200, 10, "ready")
+    finally:
+        serve.stop()
+
+
+def test_the_beat_and_snowflake_readiness_commands_run(renders: dict[str, Rendered],
+                                                       redis_url: str, tmp_path: Path) -> None:
+    docs = renders["production"].docs
+    env = _pod_env(docs, LEAFPOOL_REDIS_URL=redis_url, LEAFPOOL_HOME=str(tmp_path))
+    (beat,) = containers(find(docs, "Deployment", "leafpool-beat"))
+    probe = beat["readinessProbe"]["exec"]["command"]
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert _exec(probe, env) == 1  # no beat holds the lock
+        client.set("leafpool:beat:lock", "a beat", px=60_000)
+        assert _exec(probe, env) == 0
+    finally:
+        client.close()
+    (worker,) = containers(find(docs, "StatefulSet", "leafpool-snowflake"))
+    # no generator runs here: the command exists and says not ready (1), not a usage error (2)
+    assert _exec(worker["readinessProbe"]["exec"]["command"], env) == 1
