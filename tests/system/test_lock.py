@@ -153,9 +153,9 @@ def test_this_venv_holds_the_locked_versions() -> None:
     assert differ == {}, "./dev test installs the lock"
 
 
-def test_checkov_runs_beside_the_overridden_packaging() -> None:
+def test_checkov_runs_beside_the_overridden_packaging(tmp_path: Path) -> None:
     """requirements/overrides.txt lifts checkov's packaging<24 cap: it still starts and
-    checks a file."""
+    checks a manifest."""
     assert "packaging" in overrides()
     checkov = Path(sys.executable).parent / "checkov"
     if not checkov.exists():
@@ -165,3 +165,9 @@ def test_checkov_runs_beside_the_overridden_packaging() -> None:
     assert done.returncode == 0, done.stderr
     assert Version(done.stdout.strip()) == Version(read_lock("dev.txt")["checkov"].version)
     assert Version(md.version("packaging")) >= Version("24")
+    pod = tmp_path / "pod.yaml"
+    pod.write_text("apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\nspec:\n  containers:\n"
+                   "  - name: c\n    image: busybox:1.36\n")
+    scan = subprocess.run([str(checkov), "-f", str(pod), "--framework", "kubernetes",
+                           "--compact", "--quiet"], capture_output=True, text=True, timeout=300)
+    assert scan.returncode == 1 and "CKV_K8S_" in scan.stdout, scan.stdout + scan.stderr
