@@ -171,6 +171,8 @@ def root_or_writable(docs: list[Doc]) -> list[str]:
                 wrong.append(f"{where(doc, c)}: privilege escalation allowed")
             if "ALL" not in ctx.get("capabilities", {}).get("drop", []):
                 wrong.append(f"{where(doc, c)}: capabilities not dropped")
+            if ctx.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+                wrong.append(f"{where(doc, c)}: no RuntimeDefault seccomp profile")
             if is_leafpool(c):
                 if ctx.get("readOnlyRootFilesystem") is not True:
                     wrong.append(f"{where(doc, c)}: writable root filesystem")
@@ -347,14 +349,15 @@ def test_the_checks_catch_an_unsafe_variant(rendered: Rendered) -> None:
     del web["resources"]["limits"]
     web["securityContext"]["readOnlyRootFilesystem"] = False
     pod_spec(http)["securityContext"]["runAsNonRoot"] = False
+    del pod_spec(http)["securityContext"]["seccompProfile"]
     web.setdefault("env", []).append(
         {"name": "LEAFPOOL_REDIS_URL", "value": "redis://leafpool-http:secret@redis:6379/0"})
     docs.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
                  "stringData": {"LEAFPOOL_DATABASE_URL": "mysql+pymysql://u:p@db/leaf"}})
     where_ = "Deployment/leafpool-http container http"
     assert f"{where_}: no limits.cpu" in missing_resources(docs)
-    assert {f"{where_}: may run as root", f"{where_}: writable root filesystem"} <= set(
-        root_or_writable(docs))
+    assert {f"{where_}: may run as root", f"{where_}: writable root filesystem",
+            f"{where_}: no RuntimeDefault seccomp profile"} <= set(root_or_writable(docs))
     new = set(secret_values(docs)) - set(secret_values(rendered.docs))  # dev's own Secrets
     assert new == {f"{where_}: LEAFPOOL_REDIS_URL has a value", "Secret/s holds values"}
 
