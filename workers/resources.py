@@ -3,20 +3,17 @@ connection inherited from the parent process is never shared."""
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from typing import Any
 
 from celery.signals import celeryd_init, worker_process_init, worker_process_shutdown
 
-from leafpool.core.errors import LeafpoolError
 from leafpool.runtime import Runtime
 from leafpool.snowflake.registry import process_identity
 
-log = logging.getLogger(__name__)
-
 _runtime: Runtime | None = None
+_stop_claiming = threading.Event()
 _node_name = "celery"
 
 
@@ -54,27 +51,18 @@ def _claim_at_start(rt: Runtime) -> threading.Thread:
     """LEAFPOOL_SNOWFLAKE_CLAIM_AT_START: claim the worker ID now, not at the first
     refill, so the readiness file (``leafpool probe snowflake``) says whether this
     process holds it; a refused claim (the lease still held by a predecessor) is tried
-    again every LEAFPOOL_SNOWFLAKE_RENEW_SECONDS until it succeeds or the process ends."""
+    again every LEAFPOOL_SNOWFLAKE_RENEW_SECONDS, and a lease lost later is claimed
+    again once the source allows (docs/design.md §8.6)."""
     generator = rt.snowflake_refiller().generator
-
-    def claim() -> None:
-        while True:
-            try:
-                lease = generator.start()
-            except LeafpoolError as exc:
-                log.warning("%s: worker ID not claimed at start (%s); trying again in %ss",
-                            rt.identity, exc, rt.settings.snowflake_renew_seconds)
-                threading.Event().wait(rt.settings.snowflake_renew_seconds)
-                continue
-            log.info("%s: worker %d claimed at start", rt.identity, lease.worker_id)
-            return
-
-    thread = threading.Thread(target=claim, name="leafpool-snowflake-claim", daemon=True)
+    thread = threading.Thread(target=generator.keep_claimed,
+                              args=(_stop_claiming, rt.settings.snowflake_renew_seconds),
+                              name="leafpool-snowflake-claim", daemon=True)
     thread.start()
     return thread
 
 
 @worker_process_shutdown.connect
 def _close(**_: object) -> None:
+    _stop_claiming.set()
     if _runtime is not None:
         _runtime.close()

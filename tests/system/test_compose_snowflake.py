@@ -108,7 +108,7 @@ def test_the_worker_id_is_kept_across_recreates(
         if previous is not None and how == "killed":
             # the predecessor still holds the lease (a container killed, its session not
             # expired yet): the new one must wait, not generate beside it
-            line = container.wait_for("worker ID not claimed at start", 30)
+            line = container.wait_for("worker ID not claimed", 30)
             assert "is leased by" in line
             previous.proc.kill()
         claimed = container.wait_for("claimed worker", 60)

@@ -76,6 +76,25 @@ class LeasedGenerator:
             )
         return lease
 
+    def keep_claimed(self, stop: threading.Event, retry_s: float) -> None:
+        """Hold a worker ID until ``stop``: claim (tried again every ``retry_s`` while
+        refused), and once the lease is lost (fenced: the process stopped generating and
+        turned not ready) claim again, above the recorded mark, as soon as the source
+        allows. For a thread of a worker process (LEAFPOOL_SNOWFLAKE_CLAIM_AT_START)."""
+        who = self.registry.identity
+        while not stop.is_set():
+            if self.registry.lease is not None and self.registry.fenced is None:
+                stop.wait(retry_s)
+                continue
+            try:
+                lease = self.start()
+            except LeafpoolError as exc:
+                log.warning("%s: worker ID not claimed (%s); trying again in %ss",
+                            who, exc, retry_s)
+                stop.wait(retry_s)
+                continue
+            log.info("%s: holds worker %d", who, lease.worker_id)
+
     def lease_state(self, error: LeafpoolError | None = None) -> str:
         """What status shows for this generator's worker ID: ``held (mode, from
         source)``, ``fenced: <why>`` once the registry fenced it (for good), or

@@ -3,7 +3,8 @@
 two data centres with the same ordinals apart by their offsets (Leaf#187); the lease
 of the one worker ID (a second holder refused naming the first, free again after a
 release); the readiness file published while held and gone when released or fenced
-(session expired), and ``leafpool probe``'s reading of stale files. The pods as
+(session expired), and ``leafpool probe``'s reading of stale files; the claim thread
+claiming again after a lost lease. The pods as
 processes: tests/snowflake/test_k8s_pods.py."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from leafpool.core.snowflake_layout import wall_clock_ms
 from leafpool.snowflake.registry import LeasedGenerator, open_registry
 from leafpool.snowflake.registry.k8s import K8sRegistry, pod_index, pod_worker_id
 from leafpool.snowflake.registry.ready import probe, ready_dir
+from tests.support import services
 from tests.support.processes import leafpool_env
 from tests.support.zk_helpers import StateLog, expire_session, unique_name, wait_serving
 
@@ -141,3 +144,32 @@ def test_probe_snowflake_reads_fresh_files_only(make: Any, tmp_path: Path) -> No
     pod.tick()  # the next renew round rewrites it
     assert _probe_cli(pod.settings, tmp_path).returncode == 0
     assert os.getpid() == json.loads(pod.ready.path.read_text())["pid"]
+
+
+def test_keep_claimed_claims_again_after_a_lost_lease(make: Any, zk_hosts: str) -> None:
+    """The worker's claim thread (LEAFPOOL_SNOWFLAKE_CLAIM_AT_START): a holder fenced by
+    a lost session stops and turns not ready, then claims its worker ID again, above
+    everything it generated before."""
+    pod = make("leafpool-snowflake-4")
+    pod.background = True
+    gen = LeasedGenerator(pod, pod.settings)
+    stop = threading.Event()
+    thread = threading.Thread(target=gen.keep_claimed, args=(stop, 0.1), daemon=True)
+    thread.start()
+    try:
+        services.wait_until(lambda: _ready(pod.settings) == [14], 10, "claimed at start")
+        before = gen.next_batch(100)
+        first = pod.client
+        assert first is not None
+        states = StateLog(first)
+        expire_session(first, zk_hosts)
+        states.wait_for("LOST")
+        assert pod.fenced is not None or pod.client is not first
+        services.wait_until(lambda: pod.fenced is None and pod.client is not first
+                            and _ready(pod.settings) == [14], 15, "claimed again")
+        after = gen.next_batch(100)
+        assert min(after) > max(before)
+    finally:
+        stop.set()
+        thread.join(5)
+        gen.close()
