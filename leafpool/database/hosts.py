@@ -55,11 +55,6 @@ class HostList:
         self._index = 0
         self._lock = threading.Lock()
 
-    @property
-    def current(self) -> DatabaseHost:
-        """The host that took the last connection (the first before any)."""
-        return self.hosts[self._index]
-
     def connect(self, dbapi: Any, cparams: dict[str, Any]) -> Any:
         """A DBAPI connection to the host in use or, failing it, to the next that connects
         and takes writes; when none does, the driver's ``OperationalError`` naming every

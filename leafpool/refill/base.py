@@ -124,8 +124,12 @@ class Refiller(ABC):
                 result = self._refill_locked(snap, lock, force)
             except LeafpoolError as exc:
                 self._record_failure(snap, exc)
+                self._note_dry(tag)  # the list may be dry now: nothing was added
                 raise
-            finally:
+            if snap.int("dry_since_ms") or not result.pushed:
+                # only then can the mark change here: pushed IDs end a dry period, a
+                # refill that pushed nothing may leave the list at 0 (the watcher and the
+                # sweep mark what clients drain meanwhile)
                 self._note_dry(tag)
             back = self._source_back(snap, result)
             self.pool.record(
