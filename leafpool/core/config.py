@@ -266,8 +266,7 @@ class Settings(BaseSettings):
                 "(sentinel://host:port;sentinel://host:port)")
         if not self.broker_url:
             object.__setattr__(self, "broker_url", self._default_broker())
-        check_tls(self.redis_tls, self.redis_url.startswith("rediss://")
-                  or self.broker_url.startswith("rediss://"))
+        check_tls(self.redis_tls, self.pools_tls or self.broker_url.startswith("rediss://"))
         if self.snowflake_mode is None:
             object.__setattr__(self, "snowflake_mode", "zk" if self.zk_hosts else "local")
         if not self.snowflake_cache_dir:
@@ -313,12 +312,17 @@ class Settings(BaseSettings):
                         self.redis_tls_key_file, self.redis_tls_check_hostname)
 
     @property
+    def pools_tls(self) -> bool:
+        """The pools' Redis speaks TLS (a ``rediss://`` LEAFPOOL_REDIS_URL; with Sentinel,
+        the sentinels too)."""
+        return self.redis_url.startswith("rediss://")
+
+    @property
     def broker_tls(self) -> bool:
         """The broker speaks TLS: a ``rediss://`` broker URL, or the default Sentinel
         broker over the sentinels of a ``rediss://`` LEAFPOOL_REDIS_URL."""
         return self.broker_url.startswith("rediss://") or (
-            self.broker_url.startswith("sentinel://")
-            and self.redis_url.startswith("rediss://"))
+            self.broker_url.startswith("sentinel://") and self.pools_tls)
 
     @property
     def broker_use_ssl(self) -> dict[str, object] | None:

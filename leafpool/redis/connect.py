@@ -81,7 +81,7 @@ def _tls(settings: Settings) -> dict[str, Any]:
     """redis-py's TLS options for a ``rediss://`` URL (:mod:`leafpool.core.tls`); none
     for ``redis://``. With Sentinel, the scheme of the URL says whether the sentinels and
     the data nodes speak TLS (``ssl``: the URL itself is not used to connect)."""
-    if not settings.redis_url.startswith("rediss://"):
+    if not settings.pools_tls:
         return {}
     tls = settings.redis_tls.redis_options()
     return {"ssl": True, **tls} if settings.redis_topology == "sentinel" else tls
