@@ -55,6 +55,14 @@ def _check_count(n: int) -> int:
     return n
 
 
+def _check_least(n: int, at_least: int | None) -> int:
+    if at_least is None:
+        return n
+    if isinstance(at_least, bool) or not isinstance(at_least, int) or not 1 <= at_least <= n:
+        raise InvalidArgument("at_least", at_least, f"an integer from 1 to n ({n:,})")
+    return at_least
+
+
 def _check_policy(policy: str) -> Policy:
     if policy not in POLICIES:
         raise InvalidArgument("policy", policy, f"one of {', '.join(POLICIES)}")
@@ -110,18 +118,22 @@ class Client(_Base):
             return value
         return self._on_empty(tag, 1, [])[0]
 
-    def next_ids(self, tag: str, n: int) -> list[int]:
-        """``n`` IDs in one round trip, strictly increasing."""
+    def next_ids(self, tag: str, n: int, *, at_least: int | None = None) -> list[int]:
+        """``n`` IDs in one round trip, strictly increasing. With ``at_least``, up to
+        ``n``: what one pop got, the empty-pool policy applied only below ``at_least``
+        (a batch that takes ahead, :mod:`leafpool.orm.batch`)."""
+        least = _check_least(_check_count(n), at_least)
         if self.pool.acks:
-            return self._acknowledged(lambda: self._next_ids(tag, n))
-        return self._next_ids(tag, n)
+            return self._acknowledged(lambda: self._next_ids(tag, n, least))
+        return self._next_ids(tag, n, least)
 
-    def _next_ids(self, tag: str, n: int) -> list[int]:
+    def _next_ids(self, tag: str, n: int, least: int | None = None) -> list[int]:
         got = self.pool.pop_many(tag if tag in self._valid else self._check(tag),
                                  _check_count(n))
-        if len(got) == n:
+        least = n if least is None else least
+        if len(got) >= least:
             return got
-        return self._on_empty(tag, n, got)
+        return self._on_empty(tag, least, got)
 
     def _acknowledged(self, call: Callable[[], list[int]]) -> list[int]:
         """``call`` again while too few replicas acknowledge its pop (its IDs were
@@ -223,17 +235,20 @@ class AsyncClient(_Base):
             return value
         return (await self._on_empty(tag, 1, []))[0]
 
-    async def next_ids(self, tag: str, n: int) -> list[int]:
+    async def next_ids(self, tag: str, n: int, *, at_least: int | None = None) -> list[int]:
+        """As :meth:`Client.next_ids`."""
+        least = _check_least(_check_count(n), at_least)
         if self._replicas != 0:
-            return await self._acknowledged(lambda: self._next_ids(tag, n))
-        return await self._next_ids(tag, n)
+            return await self._acknowledged(lambda: self._next_ids(tag, n, least))
+        return await self._next_ids(tag, n, least)
 
-    async def _next_ids(self, tag: str, n: int) -> list[int]:
+    async def _next_ids(self, tag: str, n: int, least: int | None = None) -> list[int]:
         got = await self.pool.pop_many(tag if tag in self._valid else self._check(tag),
                                        _check_count(n))
-        if len(got) == n:
+        least = n if least is None else least
+        if len(got) >= least:
             return got
-        return await self._on_empty(tag, n, got)
+        return await self._on_empty(tag, least, got)
 
     async def _acknowledged(self, call: Callable[[], Awaitable[_T]]) -> _T:
         """``call`` again while too few replicas acknowledge its pop (its IDs were

@@ -1,0 +1,140 @@
+"""leafpool IDs as a SQLAlchemy 2 column default (docs/design.md §1.4)::
+
+    class Order(Base):
+        __tablename__ = "orders"
+        id: Mapped[int] = mapped_column(BigInteger, primary_key=True,
+                                        default=leafpool_id("order"))
+
+or in Core, ``Column("id", BigInteger, primary_key=True, default=leafpool_id("order"))``.
+
+SQLAlchemy calls a column default once per row, even in an executemany; this default
+takes the IDs of the whole statement at its first row, in one pop
+(:meth:`leafpool.orm.batch.IdBatches.take`), and hands them to the rows in order. So
+``session.add_all(...)`` (flushed as one INSERT with RETURNING where the database has
+it: SQLite, MariaDB, PostgreSQL), ``session.execute(insert(Model), rows)`` and a Core
+executemany each cost one Redis round trip per statement. A flush that inserts row by
+row (MySQL has no RETURNING) costs one per row, unless ``LEAFPOOL_ORM_PREFETCH`` lets
+the process take IDs ahead.
+
+With an async engine (``create_async_engine``, an async session) the default runs
+inside SQLAlchemy's greenlet and awaits an :class:`~leafpool.client.AsyncClient` (one
+per event loop) instead of blocking the loop.
+
+``as_string=True`` hands IDs out as decimal strings (for JSON read by JavaScript, whose
+numbers lose precision above 2**53); :class:`IdString` is the matching column type,
+BIGINT in the database and ``str`` in Python.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import BigInteger
+from sqlalchemy.engine import Dialect
+from sqlalchemy.engine.interfaces import ExecutionContext
+from sqlalchemy.types import TypeDecorator
+from sqlalchemy.util import await_only
+
+from leafpool.core.errors import InvalidArgument
+from leafpool.core.tags import validate_tag
+from leafpool.orm.batch import AsyncIdBatches, IdBatches, default_batches
+
+__all__ = ["IdDefault", "IdString", "leafpool_id"]
+
+MAX_ID = 2**63 - 1
+
+_async_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncIdBatches] = (
+    weakref.WeakKeyDictionary())
+
+
+def _loop_batches() -> AsyncIdBatches:
+    """The running loop's :class:`AsyncIdBatches` (an AsyncClient's connections belong
+    to the loop they were opened on)."""
+    loop = asyncio.get_running_loop()
+    batches = _async_by_loop.get(loop)
+    if batches is None:
+        batches = _async_by_loop[loop] = AsyncIdBatches()
+    return batches
+
+
+class IdDefault:
+    """A column default taking ``tag``'s IDs a statement at a time (see the module).
+
+    ``batches``/``async_batches`` replace the process-wide sources (tests, or an
+    application with its own :class:`~leafpool.client.Client` settings)."""
+
+    def __init__(self, tag: str, *, as_string: bool = False,
+                 batches: IdBatches | Callable[[], IdBatches] | None = None,
+                 async_batches: Callable[[], AsyncIdBatches] | None = None) -> None:
+        self.tag = validate_tag(tag)
+        self.as_string = as_string
+        if isinstance(batches, IdBatches):
+            fixed = batches
+            self._batches: Callable[[], IdBatches] = lambda: fixed
+        else:
+            self._batches = batches or default_batches
+        self._async_batches = async_batches or _loop_batches
+        # a statement's IDs not yet given to its rows, by execution context and column
+        self._pending: weakref.WeakKeyDictionary[ExecutionContext, dict[object, deque[int]]] = (
+            weakref.WeakKeyDictionary())
+
+    def __repr__(self) -> str:
+        return f"leafpool_id({self.tag!r}{', as_string=True' if self.as_string else ''})"
+
+    def __call__(self, context: ExecutionContext | None) -> int | str:
+        value = self._next(context)
+        return str(value) if self.as_string else value
+
+    def _next(self, context: ExecutionContext | None) -> int:
+        if context is None:  # called by hand, outside a statement
+            return self._take(None, 1)[0]
+        column = getattr(context, "current_column", None)
+        by_column = self._pending.setdefault(context, {})
+        pending = by_column.get(column)
+        if not pending:
+            rows = len(getattr(context, "compiled_parameters", None) or ()) or 1
+            pending = by_column[column] = deque(self._take(context, rows))
+        return pending.popleft()
+
+    def _take(self, context: ExecutionContext | None, n: int) -> list[int]:
+        if context is not None and context.dialect.is_async:
+            return await_only(self._async_batches().take(self.tag, n))  # type: ignore[no-any-return]
+        return self._batches().take(self.tag, n)
+
+
+def leafpool_id(tag: str, *, as_string: bool = False,
+                batches: IdBatches | Callable[[], IdBatches] | None = None,
+                async_batches: Callable[[], AsyncIdBatches] | None = None) -> IdDefault:
+    """A column default with ``tag``'s IDs: ``default=leafpool_id("order")``. An invalid
+    tag is refused here, when the model is defined."""
+    return IdDefault(tag, as_string=as_string, batches=batches, async_batches=async_batches)
+
+
+class IdString(TypeDecorator[str]):
+    """An ID column that is BIGINT in the database and a decimal string in Python, for
+    IDs that JavaScript reads (``default=leafpool_id("order", as_string=True)``)."""
+
+    impl = BigInteger
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif isinstance(value, str) and value.isascii() and value.isdigit() and (
+                value == "0" or not value.startswith("0")):
+            number = int(value)
+        else:
+            raise InvalidArgument("id", value, "a decimal string of digits, no sign or "
+                                  "leading zero, from 0 to 2**63-1")
+        if not 0 <= number <= MAX_ID:
+            raise InvalidArgument("id", value, "from 0 to 2**63-1")
+        return number
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else str(value)
