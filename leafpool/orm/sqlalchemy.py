@@ -36,10 +36,11 @@ from typing import Any
 from sqlalchemy import BigInteger
 from sqlalchemy.engine import Dialect
 from sqlalchemy.engine.interfaces import ExecutionContext
+from sqlalchemy.exc import DontWrapMixin
 from sqlalchemy.types import TypeDecorator
 from sqlalchemy.util import await_only
 
-from leafpool.core.errors import InvalidArgument
+from leafpool.core.errors import InvalidArgument, LeafpoolError
 from leafpool.core.tags import validate_tag
 from leafpool.orm.batch import AsyncIdBatches, IdBatches, default_batches
 
@@ -86,7 +87,10 @@ class IdDefault:
         return f"leafpool_id({self.tag!r}{', as_string=True' if self.as_string else ''})"
 
     def __call__(self, context: ExecutionContext | None) -> int | str:
-        value = self._next(context)
+        try:
+            value = self._next(context)
+        except LeafpoolError as exc:  # PoolEmpty, UnknownTag, BackendUnavailable ...
+            raise _unwrapped(exc) from exc.__cause__
         return str(value) if self.as_string else value
 
     def _next(self, context: ExecutionContext | None) -> int:
@@ -104,6 +108,31 @@ class IdDefault:
         if context is not None and context.dialect.is_async:
             return await_only(self._async_batches().take(self.tag, n))  # type: ignore[no-any-return]
         return self._batches().take(self.tag, n)
+
+
+_UNWRAPPED: dict[type[LeafpoolError], type[LeafpoolError]] = {}
+
+
+def _unwrapped(exc: LeafpoolError) -> LeafpoolError:
+    """``exc`` as an instance of a subclass of its own class that SQLAlchemy does not wrap
+    in a ``StatementError`` (``DontWrapMixin``): ``except PoolEmpty`` works around a
+    ``session.commit()`` as around ``client.next_id()``. It pickles as ``exc`` does."""
+    cls = type(exc)
+    sub = _UNWRAPPED.get(cls)
+    if sub is None:
+        def reduce(self: LeafpoolError) -> Any:
+            plain = cls.__new__(cls)
+            plain.args = self.args
+            plain.__dict__.update(self.__dict__)
+            return plain.__reduce__()
+
+        sub = _UNWRAPPED.setdefault(cls, type(cls.__name__, (cls, DontWrapMixin), {
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+            "__reduce__": reduce}))
+    out = sub.__new__(sub)
+    out.args = exc.args
+    out.__dict__.update(exc.__dict__)
+    return out.with_traceback(exc.__traceback__)
 
 
 def leafpool_id(tag: str, *, as_string: bool = False,

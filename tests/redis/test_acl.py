@@ -256,3 +256,49 @@ def test_a_celery_worker_and_beat_run_under_the_worker_role(
     assert any(k.startswith("leafpool-broker:") for k in names)
     assert all(k.startswith(("leafpool:", "leafpool-broker:")) for k in names), names
     assert _denials(root) == []
+
+
+def test_orm_inserts_take_ids_under_the_app_role_and_redis_denies_nothing(
+    acl_server: services.Server, root: redis.Redis, sqlite_url: str, tmp_path: Path
+) -> None:
+    from sqlalchemy import BigInteger, Column, MetaData, String, Table, create_engine, select
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from leafpool.orm.batch import AsyncIdBatches, IdBatches
+    from leafpool.orm.sqlalchemy import leafpool_id
+
+    refiller, pool, store = _worker(acl_server, sqlite_url)
+    store.add_tag(TAG, step=1000)
+    sync_tags(pool, store)
+    assert refiller.refill(TAG).pushed == 100
+    app = load_settings(redis_url=_url(acl_server, "app"), database_url=sqlite_url,
+                        empty_policy="raise")
+    sync_ids = IdBatches(lambda: Client(settings=app), prefetch=5)
+    async_ids = AsyncIdBatches(lambda: AsyncClient(settings=app))
+    table = Table("orders", MetaData(),
+                  Column("id", BigInteger, primary_key=True, default=leafpool_id(
+                      TAG, batches=sync_ids, async_batches=lambda: async_ids)),
+                  Column("note", String(10)))
+    url = f"sqlite:///{tmp_path / 'app.sqlite3'}"
+    engine = create_engine(url)
+    table.metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(table.insert(), [{"note": "a"}] * 50)
+        conn.execute(table.insert().values(note="b"))
+
+    async def async_inserts() -> None:
+        aengine = create_async_engine(url.replace("sqlite:", "sqlite+aiosqlite:"))
+        async with aengine.begin() as conn:
+            await conn.execute(table.insert(), [{"note": "c"}] * 30)
+            with pytest.raises(PoolEmpty):  # 15 left: the policy, counted, refill wanted
+                await conn.execute(table.insert(), [{"note": "d"}] * 20)
+        await aengine.dispose()
+        await async_ids.aclose()
+
+    asyncio.run(async_inserts())
+    with engine.connect() as conn:
+        ids = conn.execute(select(table.c.id).order_by(table.c.id)).scalars().all()
+    engine.dispose()
+    assert len(ids) == 81 and ids == sorted(set(ids))
+    assert _denials(root) == []
+    assert root.sismember("leafpool:wanted", TAG)

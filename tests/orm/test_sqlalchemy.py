@@ -1,0 +1,259 @@
+"""The SQLAlchemy column default (leafpool/orm/sqlalchemy.py) against a real Redis and
+real SQLite and MariaDB databases, sync and async: every way of inserting many rows
+costs one pop per statement, IDs are the pool's in row order, and an empty pool or an
+unknown tag inserts nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Engine,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    insert,
+    select,
+    text,
+)
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from leafpool.client import AsyncClient, Client
+from leafpool.core.config import Settings
+from leafpool.core.errors import InvalidArgument, InvalidTag, PoolEmpty, UnknownTag
+from leafpool.orm.batch import AsyncIdBatches, IdBatches
+from leafpool.orm.sqlalchemy import IdString, leafpool_id
+from tests.orm.test_batch import lpops
+from tests.support.http_helpers import fill
+
+SNOWFLAKE_IDS = [(1_700_000_000_000 << 22) + i for i in range(1, 2001)]  # above 2**53
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings]) -> Settings:
+    return make_settings(empty_policy="raise")
+
+
+@pytest.fixture
+def source(settings: Settings) -> IdBatches:
+    return IdBatches(lambda: Client(settings=settings), prefetch=0)
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    engine = create_engine(database_url)
+    yield engine
+    engine.dispose()
+
+
+def models(source: IdBatches) -> tuple[type[DeclarativeBase], type, type]:
+    """A fresh declarative base with an order model (segment tag) and a message model
+    whose IDs are strings (snowflake tag)."""
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Order(Base):
+        __tablename__ = "orders"
+        id: Mapped[int] = mapped_column(BigInteger, primary_key=True,
+                                        default=leafpool_id("order", batches=source))
+        note: Mapped[str] = mapped_column(String(40))
+
+    class Message(Base):
+        __tablename__ = "messages"
+        id: Mapped[str] = mapped_column(IdString, primary_key=True,
+                                        default=leafpool_id("msg", as_string=True,
+                                                            batches=source))
+        body: Mapped[str] = mapped_column(String(40))
+
+    return Base, Order, Message
+
+
+def test_add_all_is_one_pop_and_rows_get_the_pools_ids_in_order(
+        r: redis.Redis, engine: Engine, source: IdBatches) -> None:
+    fill(r, "order", list(range(1, 1001)))
+    Base, Order, _ = models(source)
+    Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        before = lpops(r)
+        orders = [Order(note=f"n{i}") for i in range(500)]
+        session.add_all(orders)
+        session.commit()
+        assert lpops(r) - before == 1
+        assert [o.id for o in orders] == list(range(1, 501))
+        stored = session.execute(select(Order.id, Order.note).order_by(Order.id)).all()
+    assert stored == [(i + 1, f"n{i}") for i in range(500)]
+
+
+def test_orm_bulk_insert_core_executemany_and_single_rows(
+        r: redis.Redis, engine: Engine, source: IdBatches) -> None:
+    fill(r, "order", list(range(1, 3001)))
+    Base, Order, _ = models(source)
+    Base.metadata.create_all(engine)
+    table = Order.__table__
+    with Session(engine) as session:
+        before = lpops(r)
+        session.execute(insert(Order), [{"note": f"b{i}"} for i in range(1000)])
+        session.commit()
+        assert lpops(r) - before == 1
+    with engine.begin() as conn:
+        before = lpops(r)
+        conn.execute(table.insert(), [{"note": f"c{i}"} for i in range(700)])
+        assert lpops(r) - before == 1
+        before = lpops(r)
+        for i in range(3):
+            conn.execute(table.insert().values(note=f"s{i}"))
+        assert lpops(r) - before == 3
+        conn.execute(table.insert().values(id=10**12, note="mine"))  # given: no pop
+        assert lpops(r) - before == 3
+        ids = conn.execute(select(table.c.id).order_by(table.c.id)).scalars().all()
+    assert ids == [*range(1, 1704), 10**12]
+
+
+def test_string_ids_above_two_to_the_53_round_trip_exactly(
+        r: redis.Redis, engine: Engine, source: IdBatches) -> None:
+    fill(r, "msg", SNOWFLAKE_IDS, mode="snowflake")
+    Base, _, Message = models(source)
+    Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        messages = [Message(body=f"m{i}") for i in range(3)]
+        session.add_all(messages)
+        session.commit()
+        assert [m.id for m in messages] == [str(i) for i in SNOWFLAKE_IDS[:3]]
+        session.expire_all()
+        assert session.scalars(select(Message.id).order_by(Message.id)).all() == [
+            str(i) for i in SNOWFLAKE_IDS[:3]]
+        assert session.get(Message, str(SNOWFLAKE_IDS[1])) is not None
+        with engine.connect() as conn:  # a number in the database
+            raw = conn.execute(text("SELECT MIN(id) FROM messages")).scalar_one()
+        assert raw == SNOWFLAKE_IDS[0] and SNOWFLAKE_IDS[0] > 2**53
+
+
+@pytest.mark.parametrize("bad", ["-1", "01", "1e3", "12a", " 5", str(2**63), 1.5])
+def test_a_bad_string_id_is_refused_naming_the_value(
+        r: redis.Redis, engine: Engine, source: IdBatches, bad: object) -> None:
+    Base, _, Message = models(source)
+    Base.metadata.create_all(engine)
+    with Session(engine) as session, pytest.raises(Exception) as caught:
+        session.add(Message(id=bad, body="x"))
+        session.commit()
+    cause = caught.value if isinstance(caught.value, InvalidArgument) else (
+        caught.value.__cause__ or caught.value.__context__)
+    assert isinstance(cause, InvalidArgument) and repr(bad) in str(cause)
+
+
+def test_an_empty_pool_inserts_nothing_and_never_a_sentinel(
+        r: redis.Redis, engine: Engine, source: IdBatches) -> None:
+    fill(r, "order", [1, 2])
+    Base, Order, _ = models(source)
+    Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        session.add_all([Order(note="x") for _ in range(5)])
+        with pytest.raises(PoolEmpty) as caught:  # not wrapped in a StatementError
+            session.commit()
+        session.rollback()
+        again = pickle.loads(pickle.dumps(caught.value))
+        assert type(again) is PoolEmpty and again.tag == "order"
+        assert session.scalar(select(Order.id)) is None
+    with engine.begin() as conn, pytest.raises(UnknownTag):
+        conn.execute(Table("orders", MetaData(), Column("id", BigInteger, primary_key=True,
+                                                        default=leafpool_id("ghost",
+                                                                            batches=source)),
+                           Column("note", String(40))).insert().values(note="x"))
+
+
+def test_a_bad_tag_is_refused_when_the_model_is_defined() -> None:
+    with pytest.raises(InvalidTag):
+        leafpool_id("bad tag")
+
+
+def test_the_column_is_not_auto_increment_in_mariadb(mysql_url: str, source: IdBatches
+                                                     ) -> None:
+    engine = create_engine(mysql_url)
+    try:
+        Base, _, _ = models(source)
+        Base.metadata.create_all(engine)
+        with engine.connect() as conn:
+            ddl = conn.execute(text("SHOW CREATE TABLE orders")).one()[1]
+        assert "AUTO_INCREMENT" not in ddl.upper() and "bigint" in ddl.lower()
+    finally:
+        engine.dispose()
+
+
+def test_two_id_columns_of_one_table_each_take_one_pop(
+        r: redis.Redis, engine: Engine, source: IdBatches) -> None:
+    fill(r, "order", list(range(1, 101)))
+    fill(r, "msg", list(range(1001, 1101)))
+    table = Table("pairs", MetaData(),
+                  Column("id", BigInteger, primary_key=True,
+                         default=leafpool_id("order", batches=source)),
+                  Column("ref", BigInteger, default=leafpool_id("msg", batches=source)),
+                  Column("n", Integer))
+    table.metadata.create_all(engine)
+    with engine.begin() as conn:
+        before = lpops(r)
+        conn.execute(table.insert(), [{"n": i} for i in range(10)])
+        assert lpops(r) - before == 2
+        rows = conn.execute(select(table.c.id, table.c.ref).order_by(table.c.id)).all()
+    assert rows == [(i, 1000 + i) for i in range(1, 11)]
+
+
+def _async_url(url: str) -> str:
+    return url.replace("sqlite:", "sqlite+aiosqlite:").replace("+pymysql", "+aiomysql")
+
+
+def test_an_async_session_awaits_the_async_client_one_pop_per_flush(
+        r: redis.Redis, database_url: str, settings: Settings) -> None:
+    fill(r, "order", list(range(1, 2001)))
+
+    def no_sync_client() -> IdBatches:
+        raise AssertionError("an async session took IDs with the blocking client")
+
+    sources: list[AsyncIdBatches] = []
+
+    def loop_source() -> AsyncIdBatches:
+        if not sources:
+            sources.append(AsyncIdBatches(lambda: AsyncClient(settings=settings)))
+        return sources[0]
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Order(Base):
+        __tablename__ = "orders"
+        id: Mapped[int] = mapped_column(BigInteger, primary_key=True, default=leafpool_id(
+            "order", batches=no_sync_client, async_batches=loop_source))
+        note: Mapped[str] = mapped_column(String(40))
+
+    async def run() -> tuple[list[int], int, list[int]]:
+        engine = create_async_engine(_async_url(database_url))
+        try:
+            async with engine.begin() as conn:
+                await conn.run_sync(Base.metadata.create_all)
+            async with AsyncSession(engine, expire_on_commit=False) as session:
+                before = lpops(r)
+                orders = [Order(note=str(i)) for i in range(300)]
+                session.add_all(orders)
+                await session.commit()
+                await session.execute(insert(Order), [{"note": "b"} for _ in range(200)])
+                await session.commit()
+                pops = lpops(r) - before
+                stored = (await session.scalars(select(Order.id).order_by(Order.id))).all()
+            return [o.id for o in orders], pops, list(stored)
+        finally:
+            await engine.dispose()
+            if sources:
+                await sources[0].aclose()
+
+    ids, pops, stored = asyncio.run(run())
+    assert ids == list(range(1, 301)) and pops == 2
+    assert stored == list(range(1, 501))
