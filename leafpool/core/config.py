@@ -152,7 +152,7 @@ class Settings(BaseSettings):
     # client policy on an empty pool (a request waits this long at most)
     empty_policy: Literal["raise", "wait", "reserve"] = "wait"
     empty_wait_seconds: float = Field(2.0, ge=0, le=5 * MINUTE)
-    # the ORM integrations (leafpool.orm, docs/design.md §1.4): how many IDs beyond what a
+    # the ORM integrations (leafpool.orm, docs/design.md §1.3): how many IDs beyond what a
     # statement needs a process may take ahead and hold per tag (0: a statement takes
     # exactly its rows' IDs in one pop and nothing is held)
     orm_prefetch: int = Field(0, ge=0, le=100_000)

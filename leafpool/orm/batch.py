@@ -1,4 +1,4 @@
-"""IDs for ORM inserts, taken in batches (docs/design.md §1.4).
+"""IDs for ORM inserts, taken in batches (docs/design.md §1.3).
 
 An ORM asks for a key one row at a time; :meth:`IdBatches.take` hands out the IDs of a
 whole statement at once: ``take(tag, n)`` is one ``LPOP tag n`` (through

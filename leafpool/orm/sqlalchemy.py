@@ -1,4 +1,4 @@
-"""leafpool IDs as a SQLAlchemy 2 column default (docs/design.md §1.4)::
+"""leafpool IDs as a SQLAlchemy 2 column default (docs/design.md §1.3)::
 
     class Order(Base):
         __tablename__ = "orders"
