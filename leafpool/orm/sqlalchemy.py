@@ -10,11 +10,14 @@ or in Core, ``Column("id", BigInteger, primary_key=True, default=leafpool_id("or
 SQLAlchemy calls a column default once per row, even in an executemany; this default
 takes the IDs of the whole statement at its first row, in one pop
 (:meth:`leafpool.orm.batch.IdBatches.take`), and hands them to the rows in order. So
-``session.add_all(...)`` (flushed as one INSERT with RETURNING where the database has
-it: SQLite, MariaDB, PostgreSQL), ``session.execute(insert(Model), rows)`` and a Core
-executemany each cost one Redis round trip per statement. A flush that inserts row by
-row (MySQL has no RETURNING) costs one per row, unless ``LEAFPOOL_ORM_PREFETCH`` lets
-the process take IDs ahead.
+``session.execute(insert(Model), rows)`` and a Core executemany each cost one Redis
+round trip per statement. For ``session.add_all(...)`` a ``before_flush`` listener (on
+every :class:`~sqlalchemy.orm.Session`, registered when this module is imported) gives
+the new objects their IDs before the flush, one pop per tag for all of them, in the
+order they were added: ``obj.id`` is known after ``flush()``, and the flush inserts in
+executemany batches on every database (MySQL has no RETURNING, so without known keys
+the ORM would insert row by row). A single-row insert is one pop, unless
+``LEAFPOOL_ORM_PREFETCH`` lets the process take IDs ahead.
 
 With an async engine (``create_async_engine``, an async session) the default runs
 inside SQLAlchemy's greenlet and awaits an :class:`~leafpool.client.AsyncClient` (one
@@ -33,10 +36,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import BigInteger
+from sqlalchemy import BigInteger, event, inspect
 from sqlalchemy.engine import Dialect
 from sqlalchemy.engine.interfaces import ExecutionContext
 from sqlalchemy.exc import DontWrapMixin
+from sqlalchemy.orm import Mapper, Session, UOWTransaction
 from sqlalchemy.types import TypeDecorator
 from sqlalchemy.util import await_only
 
@@ -105,7 +109,12 @@ class IdDefault:
         return pending.popleft()
 
     def _take(self, context: ExecutionContext | None, n: int) -> list[int]:
-        if context is not None and context.dialect.is_async:
+        return self.take(n, context is not None and context.dialect.is_async)
+
+    def take(self, n: int, is_async: bool = False) -> list[int]:
+        """``n`` IDs in one pop; ``is_async``: inside SQLAlchemy's greenlet, through the
+        running loop's AsyncClient."""
+        if is_async:
             return await_only(self._async_batches().take(self.tag, n))  # type: ignore[no-any-return]
         return self._batches().take(self.tag, n)
 
@@ -141,6 +150,44 @@ def leafpool_id(tag: str, *, as_string: bool = False,
     """A column default with ``tag``'s IDs: ``default=leafpool_id("order")``. An invalid
     tag is refused here, when the model is defined."""
     return IdDefault(tag, as_string=as_string, batches=batches, async_batches=async_batches)
+
+
+_ID_ATTRIBUTES: weakref.WeakKeyDictionary[Mapper[Any], list[tuple[str, IdDefault]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _id_attributes(mapper: Mapper[Any]) -> list[tuple[str, IdDefault]]:
+    """The mapped attributes of ``mapper`` whose column default is a leafpool_id."""
+    found = _ID_ATTRIBUTES.get(mapper)
+    if found is None:
+        found = _ID_ATTRIBUTES[mapper] = [
+            (attr.key, column.default.arg) for attr in mapper.column_attrs
+            for column in attr.columns
+            if isinstance(getattr(column.default, "arg", None), IdDefault)]
+    return found
+
+
+@event.listens_for(Session, "before_flush")
+def _ids_before_flush(session: Session, flush_context: UOWTransaction,
+                      instances: object) -> None:
+    """Give the new objects of a flush their IDs before it, one pop per tag and column
+    for all of them, in the order they were added: the flush then knows every primary
+    key, and inserts in executemany batches on every database (MySQL has no RETURNING,
+    so it would otherwise insert row by row), and ``obj.id`` is set as with Django."""
+    wanting: dict[tuple[str, IdDefault], tuple[Mapper[Any], list[object]]] = {}
+    for obj in session.new:
+        mapper = inspect(obj).mapper
+        for key, default in _id_attributes(mapper):
+            if getattr(obj, key) is None:
+                wanting.setdefault((key, default), (mapper, []))[1].append(obj)
+    for (key, default), (mapper, objs) in wanting.items():
+        is_async = session.get_bind(mapper).dialect.is_async
+        try:
+            ids = default.take(len(objs), is_async)
+        except LeafpoolError as exc:
+            raise _unwrapped(exc) from exc.__cause__
+        for obj, value in zip(objs, ids, strict=True):
+            setattr(obj, key, str(value) if default.as_string else value)
 
 
 class IdString(TypeDecorator[str]):

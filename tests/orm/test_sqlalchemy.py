@@ -20,6 +20,7 @@ from sqlalchemy import (
     String,
     Table,
     create_engine,
+    event,
     insert,
     select,
     text,
@@ -257,3 +258,35 @@ def test_an_async_session_awaits_the_async_client_one_pop_per_flush(
     ids, pops, stored = asyncio.run(run())
     assert ids == list(range(1, 301)) and pops == 2
     assert stored == list(range(1, 501))
+
+
+def test_a_flush_without_returning_still_inserts_in_one_batch_with_ids_known_before(
+        r: redis.Redis, engine: Engine, source: IdBatches) -> None:
+    """A table without RETURNING (as every table on MySQL): the ORM would insert row by
+    row to learn each key; the IDs given before the flush let it executemany."""
+    fill(r, "order", list(range(1, 1001)))
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Order(Base):
+        __tablename__ = "orders"
+        __table_args__ = {"implicit_returning": False}
+        id: Mapped[int] = mapped_column(BigInteger, primary_key=True,
+                                        default=leafpool_id("order", batches=source))
+        note: Mapped[str] = mapped_column(String(40))
+
+    Base.metadata.create_all(engine)
+    inserts: list[str] = []
+    event.listen(engine, "before_cursor_execute",
+                 lambda conn, cursor, sql, *rest: inserts.append(sql)
+                 if sql.startswith("INSERT") else None)
+    with Session(engine) as session:
+        before = lpops(r)
+        orders = [Order(note=str(i)) for i in range(400)]
+        session.add_all(orders)
+        session.flush()
+        assert [o.id for o in orders] == list(range(1, 401))
+        session.commit()
+    assert lpops(r) - before == 1
+    assert len(inserts) == 1  # one executemany, not 400 statements
