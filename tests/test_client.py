@@ -95,6 +95,30 @@ def test_wait_policy_gets_the_ids_a_refill_pushes(pool: Pool, settings: Settings
     thread.join()
 
 
+def test_at_least_takes_what_one_pop_got_and_applies_the_policy_only_below_it(
+    pool: Pool, settings: Settings
+) -> None:
+    _fill(pool, "order", Range(1, 6))
+    client = Client(settings=settings, policy="wait", wait_seconds=0.2)
+    assert client.next_ids("order", 10, at_least=3) == [1, 2, 3, 4, 5]  # no wait
+    assert pool.snapshot("order").hits.get("empty_hits") is None
+    with pytest.raises(PoolEmpty):
+        client.next_ids("order", 10, at_least=1)
+    for bad in (0, 11, True):
+        with pytest.raises(InvalidArgument, match="at_least="):
+            client.next_ids("order", 10, at_least=bad)
+
+    async def run() -> list[int]:
+        _fill(pool, "order", Range(6, 9))
+        async_client = AsyncClient(settings=settings, policy="raise")
+        try:
+            return await async_client.next_ids("order", 10, at_least=2)
+        finally:
+            await async_client.aclose()
+
+    assert asyncio.run(run()) == [6, 7, 8]
+
+
 def test_wait_policy_gives_up_after_the_bound(pool: Pool, settings: Settings) -> None:
     _fill(pool, "order", None)
     client = Client(settings=settings, policy="wait", wait_seconds=0.2)
