@@ -119,6 +119,13 @@ def galera_section(size: str) -> None:
     galera_bench.main(console, {"smoke": 1, "quick": 2}.get(size, 3))
 
 
+def orm_section(size: str) -> None:
+    from bench import orm_bench
+
+    orm_bench.main(console, {"smoke": orm_bench.SMOKE, "quick": orm_bench.QUICK}
+                   .get(size, orm_bench.FULL))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     size = parser.add_mutually_exclusive_group()
@@ -127,7 +134,7 @@ def main() -> None:
                       help="every section with tiny sizes, in seconds: proves the benchmarks "
                            "run; the figures mean nothing")
     parser.add_argument("--only", choices=["", "pools", "replication", "snowflake", "http",
-                                           "burst", "tags", "tls", "outage", "galera"],
+                                           "burst", "tags", "tls", "outage", "galera", "orm"],
                         default="", help="one section")
     args = parser.parse_args()
     if not args.smoke:
@@ -160,6 +167,9 @@ def run(args: argparse.Namespace) -> None:
         return
     if args.only == "galera":
         galera_section(size_name)
+        return
+    if args.only == "orm":
+        orm_section(size_name)
         return
     if args.only in sections:
         sections[args.only](sizes)
@@ -254,6 +264,7 @@ def run(args: argparse.Namespace) -> None:
         tags_section(size_name)
         outage_section(size_name)
         galera_section(size_name)
+        orm_section(size_name)
     console.print(f"total {time.monotonic() - started:.0f} s")
 
 

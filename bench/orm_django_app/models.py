@@ -1,0 +1,28 @@
+"""The Django arms' two models: the same shape as the SQLAlchemy ones, the key from a
+BigAutoField (Django's baseline) or from leafpool (``LeafpoolIdField``)."""
+
+from django.db import models
+
+from leafpool.orm.django import LeafpoolIdField
+
+TAG = "bench2"
+
+
+class AutoRow(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    ref = models.CharField(max_length=32)
+    amount = models.IntegerField()
+
+    class Meta:
+        app_label = "orm_bench"
+        db_table = "orm_dj_auto"
+
+
+class LeafpoolRow(models.Model):
+    id = LeafpoolIdField(tag=TAG, primary_key=True)
+    ref = models.CharField(max_length=32)
+    amount = models.IntegerField()
+
+    class Meta:
+        app_label = "orm_bench"
+        db_table = "orm_dj_leafpool"
