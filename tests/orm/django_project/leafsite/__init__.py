@@ -1,0 +1,1 @@
+"""A small real Django project using leafpool.orm.django (settings, URLs, the admin)."""
