@@ -239,7 +239,8 @@ class LeafpoolIdField(models.BigIntegerField):  # type: ignore[misc]
 
     def _label(self) -> str:
         model = getattr(self, "model", None)
-        return f"{model._meta.label}.{self.name}" if model is not None else str(self.name)
+        return f"{model._meta.label}.{self.name}" if model is not None else (
+            self.name or type(self).__name__)
 
     # -- values from the pool --------------------------------------------------------------
 
