@@ -13,7 +13,7 @@ from asgiref.sync import async_to_sync
 from django.core import checks, serializers
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.forms import modelform_factory
 from django.test import TestCase, override_settings
 from django.test.utils import CaptureQueriesContext
@@ -72,6 +72,10 @@ class SaveTests(PoolTestCase):
         Order(id=777, customer="given").save()
         self.assertEqual(pools.lpop_calls(), before)
         self.assertEqual(Order.objects.get().pk, 777)
+        # a new object with an existing row's key is inserted, as with UUID-default keys
+        with self.assertRaises(IntegrityError), transaction.atomic():
+            Order(id=777, customer="again").save()
+        self.assertEqual(Order.objects.get().customer, "given")
 
     def test_an_ordinary_field_is_filled_on_insert(self) -> None:
         pools.fill("invoice", range(100, 110))
