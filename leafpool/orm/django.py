@@ -117,6 +117,9 @@ def configured_batches() -> IdBatches:
     conf = getattr(django_settings, SETTING, None)
     if conf is None:
         return default_batches()
+    ready = _configured
+    if ready is not None:
+        return ready
     with _configured_guard:
         if _configured is None:
             s = leafpool_settings(conf)
