@@ -121,5 +121,6 @@ def test_the_benchmarks_run_without_the_test_tools(bench_env: dict[str, str]) ->
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     out = done.stdout
     for section in ("IDs/s and latency per call", "MariaDB ticket server",
-                    "Refill and durability", "Snowflake generation", "HTTP service"):
+                    "Refill and durability", "Snowflake generation", "HTTP service",
+                    "ORM inserts into MariaDB"):
         assert section in out, section
