@@ -31,6 +31,7 @@ BIGINT in the database and ``str`` in Python.
 from __future__ import annotations
 
 import asyncio
+import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -86,11 +87,25 @@ class IdDefault:
         # a statement's IDs not yet given to its rows, by execution context and column
         self._pending: weakref.WeakKeyDictionary[ExecutionContext, dict[object, deque[int]]] = (
             weakref.WeakKeyDictionary())
+        self._local = threading.local()
 
     def __repr__(self) -> str:
         return f"leafpool_id({self.tag!r}{', as_string=True' if self.as_string else ''})"
 
     def __call__(self, context: ExecutionContext | None) -> int | str:
+        # the fast path, every row but a statement's first: the IDs of the statement and
+        # column this thread is inserting (a thread's statements run one at a time; a
+        # greenlet switches only inside the first row's pop)
+        local = self._local
+        try:
+            if local.context is context and local.column is context.current_column:  # type: ignore[union-attr]
+                ids = local.ids
+                value = ids.popleft()
+                if not ids:
+                    local.context = None  # the statement's context is not kept alive
+                return str(value) if self.as_string else value
+        except (AttributeError, IndexError):
+            pass
         try:
             value = self._next(context)
         except LeafpoolError as exc:  # PoolEmpty, UnknownTag, BackendUnavailable ...
@@ -98,6 +113,8 @@ class IdDefault:
         return str(value) if self.as_string else value
 
     def _next(self, context: ExecutionContext | None) -> int:
+        """A statement's first row (or a column other than the last one's): its IDs by
+        context and column, taken in one pop for all its rows."""
         if context is None:  # called by hand, outside a statement
             return self._take(None, 1)[0]
         column = getattr(context, "current_column", None)
@@ -106,7 +123,11 @@ class IdDefault:
         if not pending:
             rows = len(getattr(context, "compiled_parameters", None) or ()) or 1
             pending = by_column[column] = deque(self._take(context, rows))
-        return pending.popleft()
+        value = pending.popleft()
+        local = self._local
+        local.context, local.column, local.ids = (context, column, pending) if pending else (
+            None, None, None)
+        return value
 
     def _take(self, context: ExecutionContext | None, n: int) -> list[int]:
         return self.take(n, context is not None and context.dialect.is_async)
