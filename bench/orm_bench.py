@@ -2,7 +2,10 @@
 docs/design.md §1.3).
 
 One MariaDB and one redis-server (the shipped config, ``appendfsync always``) on loopback;
-every table has the same shape (a BIGINT primary key, a VARCHAR and an INT).
+every table has the same shape: an order row as a payment system stores one (a BIGINT
+primary key, customer, reference, amount, currency, status, note, creation time). The
+key's share of a row's cost depends on the row: the reference arm "keys given in the
+rows" shows what sending any client-side key costs on this shape, with no pool.
 
 - SQLAlchemy 2 ORM: the key from ``BIGINT AUTO_INCREMENT`` (the issue's baseline, "a")
   against ``mapped_column(BigInteger, primary_key=True, default=leafpool_id("bench"))``
@@ -40,12 +43,13 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import BigInteger, Integer, String, create_engine, insert
+from sqlalchemy import BigInteger, DateTime, String, create_engine, insert
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -104,8 +108,13 @@ class _Base(DeclarativeBase):
 class AutoRow(_Base):
     __tablename__ = "orm_sa_auto"
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    customer_id: Mapped[int] = mapped_column(BigInteger)
     ref: Mapped[str] = mapped_column(String(32))
-    amount: Mapped[int] = mapped_column(Integer)
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(String(3))
+    status: Mapped[str] = mapped_column(String(16))
+    note: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
 
 
 class GivenRow(_Base):
@@ -113,25 +122,49 @@ class GivenRow(_Base):
 
     __tablename__ = "orm_sa_given"
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    customer_id: Mapped[int] = mapped_column(BigInteger)
     ref: Mapped[str] = mapped_column(String(32))
-    amount: Mapped[int] = mapped_column(Integer)
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(String(3))
+    status: Mapped[str] = mapped_column(String(16))
+    note: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
 
 
 def _leafpool_model(name: str, table: str, tag: str, batches: IdBatches) -> type[_Base]:
     return type(name, (_Base,), {
         "__tablename__": table,
-        "__annotations__": {"id": Mapped[int], "ref": Mapped[str], "amount": Mapped[int]},
+        "__annotations__": {"id": Mapped[int], "customer_id": Mapped[int], "ref": Mapped[str],
+                            "amount_cents": Mapped[int], "currency": Mapped[str],
+                            "status": Mapped[str], "note": Mapped[str],
+                            "created_at": Mapped[datetime]},
         "id": mapped_column(BigInteger, primary_key=True, autoincrement=False,
                             default=leafpool_id(tag, batches=batches)),
+        "customer_id": mapped_column(BigInteger),
         "ref": mapped_column(String(32)),
-        "amount": mapped_column(Integer),
+        "amount_cents": mapped_column(BigInteger),
+        "currency": mapped_column(String(3)),
+        "status": mapped_column(String(16)),
+        "note": mapped_column(String(64)),
+        "created_at": mapped_column(DateTime),
     })
+
+
+CREATED = datetime(2026, 11, 25, 12, 0, 0)
+
+
+def order(i: int, aware: bool = False) -> dict[str, Any]:
+    """Row ``i`` of every arm: an order as a payment system stores one (its key apart)."""
+    return {"customer_id": 1_000_000 + i % 9_973, "ref": f"ORD-{i:012d}",
+            "amount_cents": 1_999 + i % 50_000, "currency": "EUR", "status": "pending",
+            "note": f"web checkout, cart {i % 1_000:04d}",
+            "created_at": CREATED.replace(tzinfo=UTC) if aware else CREATED}
 
 
 def _rows(first: int, n: int, keyed: bool = False) -> list[dict[str, Any]]:
     if keyed:
-        return [{"id": i, "ref": f"r{i}", "amount": i} for i in range(first, first + n)]
-    return [{"ref": f"r{i}", "amount": i} for i in range(first, first + n)]
+        return [{"id": i, **order(i)} for i in range(first, first + n)]
+    return [order(i) for i in range(first, first + n)]
 
 
 A = "a: SQLAlchemy, AUTO_INCREMENT"
@@ -157,7 +190,7 @@ def sqlalchemy_arms(engine: Engine, batches: IdBatches, ahead: IdBatches,
         def run(first: int, rows: int) -> None:
             with Session(engine) as session:
                 for i in range(first, first + rows):
-                    session.add(model(ref=f"r{i}", amount=i))
+                    session.add(model(**order(i)))
                     session.commit()
         return run
 
@@ -196,7 +229,7 @@ def django_arms(db_url: str, redis_url: str, batch: int) -> tuple[list[Arm], str
     def batches_of(model: Any) -> Callable[[int, int], None]:
         def run(first: int, rows: int) -> None:
             for lo in range(first, first + rows, batch):
-                objs = [model(ref=f"r{i}", amount=i)
+                objs = [model(**order(i, aware=True))
                         for i in range(lo, min(lo + batch, first + rows))]
                 model.objects.bulk_create(objs, batch_size=batch)
         return run
@@ -204,7 +237,7 @@ def django_arms(db_url: str, redis_url: str, batch: int) -> tuple[list[Arm], str
     def singles_of(model: Any) -> Callable[[int, int], None]:
         def run(first: int, rows: int) -> None:
             for i in range(first, first + rows):
-                model(ref=f"r{i}", amount=i).save()
+                model(**order(i, aware=True)).save()
         return run
 
     dj = "Django bulk_create, BigAutoField"

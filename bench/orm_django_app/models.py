@@ -10,8 +10,13 @@ TAG = "bench2"
 
 class AutoRow(models.Model):
     id = models.BigAutoField(primary_key=True)
+    customer_id = models.BigIntegerField()
     ref = models.CharField(max_length=32)
-    amount = models.IntegerField()
+    amount_cents = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    status = models.CharField(max_length=16)
+    note = models.CharField(max_length=64)
+    created_at = models.DateTimeField()
 
     class Meta:
         app_label = "orm_bench"
@@ -20,8 +25,13 @@ class AutoRow(models.Model):
 
 class LeafpoolRow(models.Model):
     id = LeafpoolIdField(tag=TAG, primary_key=True)
+    customer_id = models.BigIntegerField()
     ref = models.CharField(max_length=32)
-    amount = models.IntegerField()
+    amount_cents = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    status = models.CharField(max_length=16)
+    note = models.CharField(max_length=64)
+    created_at = models.DateTimeField()
 
     class Meta:
         app_label = "orm_bench"
