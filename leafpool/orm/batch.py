@@ -106,6 +106,10 @@ class IdBatches:
         self._make_client = client
         self.prefetch = _check_prefetch(
             get_settings().orm_prefetch if prefetch is None else prefetch)
+        if self.prefetch:
+            log.info("orm: up to %d IDs of each tag are taken ahead and held by process %d "
+                     "(LEAFPOOL_ORM_PREFETCH); those held at exit are a gap", self.prefetch,
+                     os.getpid())
         self._guard = threading.Lock()
         self._client: Client | None = None
         self._locks: dict[str, threading.Lock] = {}
