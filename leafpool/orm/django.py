@@ -56,6 +56,7 @@ from leafpool.core.config import Settings, load_settings
 from leafpool.core.errors import ConfigurationError, InvalidArgument
 from leafpool.core.tags import validate_tag
 from leafpool.orm.batch import IdBatches, default_batches
+from leafpool.orm.ids import id_value
 
 __all__ = [
     "LeafpoolIdField",
@@ -68,7 +69,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MAX_ID = 2**63 - 1
 SETTING = "LEAFPOOL"
 
 Batches = IdBatches | Callable[[], IdBatches]
@@ -185,21 +185,6 @@ class _TakenOnSave:
 TAKEN_ON_SAVE = _TakenOnSave()
 
 
-def _decimal(field: str, value: object) -> int:
-    """``value`` as an ID: an int, or a canonical decimal string, from 0 to 2**63-1."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    elif isinstance(value, str) and value.isascii() and value.isdigit() and (
-            value == "0" or not value.startswith("0")):
-        number = int(value)
-    else:
-        raise InvalidArgument(field, value, "an ID: a decimal string of digits, no sign or "
-                              "leading zero, from 0 to 2**63-1 (or an int)")
-    if not 0 <= number <= MAX_ID:
-        raise InvalidArgument(field, value, "an ID from 0 to 2**63-1")
-    return number
-
-
 class LeafpoolIdField(models.BigIntegerField):  # type: ignore[misc]
     """A BIGINT filled from leafpool's pool of ``tag`` (see the module).
 
@@ -281,7 +266,7 @@ class LeafpoolIdField(models.BigIntegerField):  # type: ignore[misc]
         if not self.as_string or value is None:
             return super().to_python(value)
         try:
-            return str(_decimal(self._label(), value))
+            return str(id_value(self._label(), value))
         except InvalidArgument as exc:
             raise ValidationError(str(exc), code="invalid", params={"value": value}) from None
 
@@ -289,7 +274,7 @@ class LeafpoolIdField(models.BigIntegerField):  # type: ignore[misc]
         if not self.as_string:
             return super().get_prep_value(value)
         value = models.Field.get_prep_value(self, value)  # lazy objects resolved
-        return None if value is None else _decimal(self._label(), value)
+        return None if value is None else id_value(self._label(), value)
 
     def run_validators(self, value: Any) -> None:
         if self.as_string and isinstance(value, str):

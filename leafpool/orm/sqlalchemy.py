@@ -45,13 +45,12 @@ from sqlalchemy.orm import Mapper, Session, UOWTransaction
 from sqlalchemy.types import TypeDecorator
 from sqlalchemy.util import await_only
 
-from leafpool.core.errors import InvalidArgument, LeafpoolError
+from leafpool.core.errors import LeafpoolError
 from leafpool.core.tags import validate_tag
 from leafpool.orm.batch import AsyncIdBatches, IdBatches, default_batches
+from leafpool.orm.ids import id_value
 
 __all__ = ["IdDefault", "IdString", "leafpool_id"]
-
-MAX_ID = 2**63 - 1
 
 _async_by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncIdBatches] = (
     weakref.WeakKeyDictionary())
@@ -219,19 +218,7 @@ class IdString(TypeDecorator[str]):
     cache_ok = True
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> int | None:
-        if value is None:
-            return None
-        if isinstance(value, int) and not isinstance(value, bool):
-            number = value
-        elif isinstance(value, str) and value.isascii() and value.isdigit() and (
-                value == "0" or not value.startswith("0")):
-            number = int(value)
-        else:
-            raise InvalidArgument("id", value, "a decimal string of digits, no sign or "
-                                  "leading zero, from 0 to 2**63-1")
-        if not 0 <= number <= MAX_ID:
-            raise InvalidArgument("id", value, "from 0 to 2**63-1")
-        return number
+        return None if value is None else id_value("id", value)
 
     def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
         return None if value is None else str(value)
