@@ -105,9 +105,9 @@ class _Base(DeclarativeBase):
     pass
 
 
-class AutoRow(_Base):
-    __tablename__ = "orm_sa_auto"
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+class _Order:
+    """The columns of every arm's table but the key: an order as a payment system stores one."""
+
     customer_id: Mapped[int] = mapped_column(BigInteger)
     ref: Mapped[str] = mapped_column(String(32))
     amount_cents: Mapped[int] = mapped_column(BigInteger)
@@ -117,36 +117,24 @@ class AutoRow(_Base):
     created_at: Mapped[datetime] = mapped_column(DateTime)
 
 
-class GivenRow(_Base):
+class AutoRow(_Order, _Base):
+    __tablename__ = "orm_sa_auto"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+
+
+class GivenRow(_Order, _Base):
     """Keys given in the rows by the caller: what any client-side key costs, no pool."""
 
     __tablename__ = "orm_sa_given"
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
-    customer_id: Mapped[int] = mapped_column(BigInteger)
-    ref: Mapped[str] = mapped_column(String(32))
-    amount_cents: Mapped[int] = mapped_column(BigInteger)
-    currency: Mapped[str] = mapped_column(String(3))
-    status: Mapped[str] = mapped_column(String(16))
-    note: Mapped[str] = mapped_column(String(64))
-    created_at: Mapped[datetime] = mapped_column(DateTime)
 
 
 def _leafpool_model(name: str, table: str, tag: str, batches: IdBatches) -> type[_Base]:
-    return type(name, (_Base,), {
+    return type(name, (_Order, _Base), {
         "__tablename__": table,
-        "__annotations__": {"id": Mapped[int], "customer_id": Mapped[int], "ref": Mapped[str],
-                            "amount_cents": Mapped[int], "currency": Mapped[str],
-                            "status": Mapped[str], "note": Mapped[str],
-                            "created_at": Mapped[datetime]},
+        "__annotations__": {"id": Mapped[int]},
         "id": mapped_column(BigInteger, primary_key=True, autoincrement=False,
                             default=leafpool_id(tag, batches=batches)),
-        "customer_id": mapped_column(BigInteger),
-        "ref": mapped_column(String(32)),
-        "amount_cents": mapped_column(BigInteger),
-        "currency": mapped_column(String(3)),
-        "status": mapped_column(String(16)),
-        "note": mapped_column(String(64)),
-        "created_at": mapped_column(DateTime),
     })
 
 

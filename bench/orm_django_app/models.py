@@ -8,8 +8,9 @@ from leafpool.orm.django import LeafpoolIdField
 TAG = "bench2"
 
 
-class AutoRow(models.Model):
-    id = models.BigAutoField(primary_key=True)
+class Order(models.Model):
+    """Every column but the key: an order as a payment system stores one."""
+
     customer_id = models.BigIntegerField()
     ref = models.CharField(max_length=32)
     amount_cents = models.BigIntegerField()
@@ -19,19 +20,20 @@ class AutoRow(models.Model):
     created_at = models.DateTimeField()
 
     class Meta:
+        abstract = True
+        app_label = "orm_bench"
+
+
+class AutoRow(Order):
+    id = models.BigAutoField(primary_key=True)
+
+    class Meta:
         app_label = "orm_bench"
         db_table = "orm_dj_auto"
 
 
-class LeafpoolRow(models.Model):
+class LeafpoolRow(Order):
     id = LeafpoolIdField(tag=TAG, primary_key=True)
-    customer_id = models.BigIntegerField()
-    ref = models.CharField(max_length=32)
-    amount_cents = models.BigIntegerField()
-    currency = models.CharField(max_length=3)
-    status = models.CharField(max_length=16)
-    note = models.CharField(max_length=64)
-    created_at = models.DateTimeField()
 
     class Meta:
         app_label = "orm_bench"
