@@ -22,23 +22,22 @@ database ``leafpool``; ``root`` logs in without a password over the node's Unix 
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import pymysql
 import pymysql.cursors
 
 from leafpool.children import die_with_parent
+from tests.support.process_group import ProcessGroup, log_tail
 from tests.support.servers import NotInstalled, Server, free_port, port_open
 
 __all__ = ["GALERA", "HOST", "AsyncReplicated", "DbNode", "DbTopology", "Galera",
@@ -79,10 +78,6 @@ def _wait(check: Callable[[], str | None], timeout: float, what: str,
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{what} not reached after {timeout}s: {last}")
         time.sleep(interval)
-
-
-def _tmpdir(prefix: str) -> Path:
-    return Path(tempfile.mkdtemp(prefix=f"leafpool-{prefix}-"))
 
 
 # -- one node --------------------------------------------------------------------------
@@ -193,10 +188,7 @@ class DbNode:
             proc.wait(timeout=30)
 
     def log_tail(self, chars: int = 2000) -> str:
-        try:
-            return self.server.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return "(no log)"
+        return log_tail(self.server, chars)
 
 
 def _install(data: Path, user: str) -> None:
@@ -230,22 +222,12 @@ def _leafpool_user(node: DbNode) -> None:
 
 # -- topologies ------------------------------------------------------------------------
 
-_LIVE: set[DbTopology] = set()
-
-
-@atexit.register
-def _stop_all() -> None:
-    for topology in list(_LIVE):
-        topology.stop()
-
-
-class DbTopology:
+class DbTopology(ProcessGroup["DbNode"]):
     """Nodes and directories stopped and removed together (also a context manager)."""
 
-    def __init__(self) -> None:
-        self.nodes: list[DbNode] = []
-        self.dirs: list[Path] = []
-        _LIVE.add(self)
+    @property
+    def nodes(self) -> list[DbNode]:
+        return self.members
 
     def _node(self, name: str, argv_for: Callable[[int, Path, str], list[str]],
               install: bool = True, user: str | None = None) -> DbNode:
@@ -253,8 +235,7 @@ class DbTopology:
         joiner, which receives it by SST) and its command line, not started. ``user``:
         the system user the node runs as (its directory is given to it)."""
         port = free_port()
-        datadir = _tmpdir(name)
-        self.dirs.append(datadir)
+        datadir = self.tmpdir(name)
         if user is not None:
             shutil.chown(datadir, user, user)
         if install:
@@ -265,26 +246,8 @@ class DbTopology:
             _own(datadir, user)
         node = DbNode(Server(name, port, datadir, argv_for(port, datadir, user or "root"),
                              datadir / f"{name}.log"), name, user)
-        self.nodes.append(node)
+        self.members.append(node)
         return node
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
-        for d in self.dirs:
-            shutil.rmtree(d, ignore_errors=True)
-        self.dirs.clear()
-        _LIVE.discard(self)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def logs(self, chars: int = 1500) -> str:
-        """The end of every node's log, for a failure message."""
-        return "\n".join(f"--- {n.name} :{n.port}\n{n.log_tail(chars)}" for n in self.nodes)
 
 
 class AsyncReplicated(DbTopology):

@@ -28,23 +28,22 @@ and dies with it.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self, cast
+from typing import Any, cast
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
 from leafpool.children import die_with_parent
+from tests.support.process_group import ProcessGroup
 from tests.support.servers import ROOT, NotInstalled, Server, free_port
 from tests.support.tls import Pki
 
@@ -233,10 +232,6 @@ def _launch(node: Node, timeout: float = 30.0) -> bool:
                        f"{text[-2000:]}")
 
 
-def _tmpdir(prefix: str) -> Path:
-    return Path(tempfile.mkdtemp(prefix=f"leafpool-{prefix}-"))
-
-
 def _data_argv(port: int, datadir: Path, config: Path | None, appendfsync: str | None,
                extra_args: Iterable[str], tls: Pki | None = None) -> list[str]:
     # a copy of its own: Sentinel's failover sends CONFIG REWRITE, which rewrites the file a
@@ -259,23 +254,16 @@ def _data_argv(port: int, datadir: Path, config: Path | None, appendfsync: str |
 
 # -- topologies ------------------------------------------------------------------------
 
-_LIVE: set[Topology] = set()  # started and not stopped yet
-
-
-@atexit.register
-def _stop_all() -> None:
-    for topology in list(_LIVE):
-        topology.stop()
-
-
-class Topology:
+class Topology(ProcessGroup[Node]):
     """Processes and directories stopped and removed together (also a context manager)."""
 
     def __init__(self, tls: Pki | None = None) -> None:
-        self.processes: list[Node] = []
-        self.dirs: list[Path] = []
+        super().__init__()
         self.tls = tls  # every process speaks TLS only (tests/support/tls.py)
-        _LIVE.add(self)
+
+    @property
+    def processes(self) -> list[Node]:
+        return self.members
 
     def _start(self, kind: str, name: str,
                argv_for: Callable[[int, Path], list[str]]) -> Node:
@@ -283,40 +271,14 @@ class Topology:
         was taken between choosing and binding (``argv_for`` chooses any other port anew)."""
         for _ in range(3):
             port = free_port()
-            datadir = _tmpdir(name)
-            self.dirs.append(datadir)
+            datadir = self.tmpdir(name)
             server = Server(name, port, datadir, argv_for(port, datadir),
                             datadir / f"{name}.log")
             node = Node(server, kind, self.tls.client_options() if self.tls else {})
-            self.processes.append(node)
+            self.members.append(node)
             if _launch(node):
                 return node
         raise RuntimeError(f"{name}: no free port after 3 tries; log: {server.log}")
-
-    def stop(self) -> None:
-        for node in self.processes:
-            node.stop()
-        for d in self.dirs:
-            shutil.rmtree(d, ignore_errors=True)
-        self.dirs.clear()
-        _LIVE.discard(self)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def logs(self, tail: int = 1500) -> str:
-        """The end of every process's log, for a failure message."""
-        parts = []
-        for node in self.processes:
-            try:
-                text = node.log.read_text(errors="replace")[-tail:]
-            except OSError:
-                text = "(no log)"
-            parts.append(f"--- {node.server.name} :{node.port}\n{text}")
-        return "\n".join(parts)
 
 
 class Replicated(Topology):
