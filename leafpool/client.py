@@ -112,7 +112,7 @@ class Client(_Base):
 
     def next_id(self, tag: str) -> int:
         if self.pool.acks:
-            return self._acknowledged(lambda: self._next_ids(tag, 1))[0]
+            return self._acknowledged(lambda: self._next_ids(tag, 1, 1))[0]
         value = self.pool.pop(tag if tag in self._valid else self._check(tag))
         if value is not None:
             return value
@@ -127,10 +127,9 @@ class Client(_Base):
             return self._acknowledged(lambda: self._next_ids(tag, n, least))
         return self._next_ids(tag, n, least)
 
-    def _next_ids(self, tag: str, n: int, least: int | None = None) -> list[int]:
-        got = self.pool.pop_many(tag if tag in self._valid else self._check(tag),
-                                 _check_count(n))
-        least = n if least is None else least
+    def _next_ids(self, tag: str, n: int, least: int) -> list[int]:
+        """One pop of up to ``n`` (checked by the caller); the policy below ``least``."""
+        got = self.pool.pop_many(tag if tag in self._valid else self._check(tag), n)
         if len(got) >= least:
             return got
         return self._on_empty(tag, least, got)
@@ -229,7 +228,7 @@ class AsyncClient(_Base):
 
     async def next_id(self, tag: str) -> int:
         if self._replicas != 0:
-            return (await self._acknowledged(lambda: self._next_ids(tag, 1)))[0]
+            return (await self._acknowledged(lambda: self._next_ids(tag, 1, 1)))[0]
         value = await self.pool.pop(tag if tag in self._valid else self._check(tag))
         if value is not None:
             return value
@@ -242,10 +241,8 @@ class AsyncClient(_Base):
             return await self._acknowledged(lambda: self._next_ids(tag, n, least))
         return await self._next_ids(tag, n, least)
 
-    async def _next_ids(self, tag: str, n: int, least: int | None = None) -> list[int]:
-        got = await self.pool.pop_many(tag if tag in self._valid else self._check(tag),
-                                       _check_count(n))
-        least = n if least is None else least
+    async def _next_ids(self, tag: str, n: int, least: int) -> list[int]:
+        got = await self.pool.pop_many(tag if tag in self._valid else self._check(tag), n)
         if len(got) >= least:
             return got
         return await self._on_empty(tag, least, got)
