@@ -325,6 +325,13 @@ def _ratio_cell(arm: Arm, base: Arm | None) -> str:
     return f"{_ratio(arm, base):.2f}x ({arm.total_s / base.total_s:.2f}x)"
 
 
+def _rounds_cell(arm: Arm) -> str:
+    """A round's median and slowest time: a stall lands in one round of one arm."""
+    if not arm.seconds:
+        return "-"
+    return f"{statistics.median(arm.seconds) * 1000:.1f} / {max(arm.seconds) * 1000:.1f}"
+
+
 def table(arms: list[Arm], sizes: OrmSizes, skipped: str) -> Table:
     by = {arm.name: arm for arm in arms}
     t = Table(title=f"ORM inserts into MariaDB (Redis appendfsync always): batches of "
@@ -332,7 +339,8 @@ def table(arms: list[Arm], sizes: OrmSizes, skipped: str) -> Table:
                     f"time vs the baseline: the median of the rounds' ratios (the ratio of "
                     f"the total times)")
     for col in ("arm", "rows", "seconds", "rows/s", "time vs baseline",
-                "vs Django BigAutoField", "Redis cmds / 1,000 rows", "LPOP / 1,000 rows"):
+                "vs Django BigAutoField", "round: median / slowest ms",
+                "Redis cmds / 1,000 rows", "LPOP / 1,000 rows"):
         t.add_column(col, justify="left" if col == "arm" else "right")
     for arm in arms:
         base = by.get(arm.baseline) if arm.baseline else None
@@ -341,7 +349,7 @@ def table(arms: list[Arm], sizes: OrmSizes, skipped: str) -> Table:
         t.add_row(arm.name, f"{arm.rows:,}", f"{arm.total_s:.2f}",
                   f"{arm.rows / arm.total_s:,.0f}" if arm.total_s else "-",
                   _ratio_cell(arm, base), _ratio_cell(arm, also) if also else "",
-                  f"{arm.commands * per:.1f}", f"{arm.lpops * per:.1f}")
+                  _rounds_cell(arm), f"{arm.commands * per:.1f}", f"{arm.lpops * per:.1f}")
     if skipped:
         t.caption = f"Django arms left out: {skipped}"
     return t
