@@ -181,10 +181,19 @@ ZK_CLASSPATH = [
 ]
 
 
-def zookeeper_server() -> Server:
+def zookeeper_argv(cfg: Path) -> list[str]:
+    """The command line of a ZooKeeper server with the config file ``cfg`` (Debian's jars;
+    ``-XX:-UsePerfData``: the JVM leaves no /tmp/hsperfdata_<user> behind)."""
     java = shutil.which("java")
     if java is None or not Path(ZK_CLASSPATH[0]).exists():
         raise NotInstalled("zookeeper (Debian package) or java")
+    classpath = ":".join(p for p in ZK_CLASSPATH if Path(p).exists())
+    return [java, "-Xmx256m", "-XX:-UsePerfData", "-cp", classpath,
+            "-Dzookeeper.admin.enableServer=false",
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)]
+
+
+def zookeeper_server() -> Server:
     port = free_port()
     datadir = _tmpdir("zk")
     cfg = datadir / "zoo.cfg"
@@ -193,11 +202,7 @@ def zookeeper_server() -> Server:
         "maxSessionTimeout=20000\nminSessionTimeout=1000\n"
         "admin.enableServer=false\n4lw.commands.whitelist=ruok,stat,srvr\n"
     )
-    classpath = ":".join(p for p in ZK_CLASSPATH if Path(p).exists())
-    argv = [java, "-Xmx256m", "-cp", classpath,
-            "-Dzookeeper.admin.enableServer=false",
-            "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)]
-    server = Server("zookeeper", port, datadir, argv, datadir / "zk.log")
+    server = Server("zookeeper", port, datadir, zookeeper_argv(cfg), datadir / "zk.log")
     server.start(timeout=60)
     server.extra["hosts"] = f"127.0.0.1:{port}"
     return server

@@ -12,7 +12,6 @@ import json
 import logging
 import multiprocessing
 import os
-import shutil
 from array import array
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from leafpool.snowflake.refiller import SnowflakeRefiller
 from leafpool.snowflake.registry import LeasedGenerator, open_registry, safe_identity
 from leafpool.snowflake.registry.zk import ZkRegistry
 from leafpool.status import tag_status
-from tests.support import registries, services
+from tests.support import registries, servers, services
 from tests.support.clocks import FakeMsClock
 from tests.support.registries import ZkBackend
 from tests.support.snowflake_worker import run as run_worker
@@ -359,22 +358,15 @@ def test_shipped_zoo_cfg_starts_and_grants_the_default_lease(tmp_path: Path) -> 
     cfg = tmp_path / "zoo.cfg"
     cfg.write_text(text + "\nclientPortAddress=127.0.0.1\n")
     (tmp_path / "zk").mkdir()
-    java = shutil.which("java")
-    if java is None or not Path(services.ZK_CLASSPATH[0]).exists():
-        services.missing("zookeeper (Debian package) or java")
-    classpath = ":".join(p for p in services.ZK_CLASSPATH if Path(p).exists())
+    try:
+        argv = servers.zookeeper_argv(cfg)
+    except servers.NotInstalled as exc:
+        services.missing(exc.what)
     server = services.Server(
         "zookeeper-shipped",
         port,
         tmp_path,
-        [
-            str(java),
-            "-Xmx256m",
-            "-cp",
-            classpath,
-            "org.apache.zookeeper.server.quorum.QuorumPeerMain",
-            str(cfg),
-        ],
+        argv,
         tmp_path / "zk.log",
     )
     server.start(timeout=60)
