@@ -16,6 +16,12 @@ starts afresh, so the watcher reads every tag again (a full pass) before waiting
 ``HEARTBEAT_SECONDS`` without traffic it pings its subscriber and checks that its node is
 still the master (a failover that keeps the old master running).
 
+A tag found due while its ``queued`` marker is held (a refill queued, or a failed
+refill's hold, docs/design.md §3.8) is read again at every heartbeat until it is queued
+or no longer due: the marker's expiry writes nothing the watcher tracks, and a plain
+``LPOP`` of an empty list writes nothing either, so a drop heard during the hold would
+otherwise wait for the sweep.
+
 On a Redis Cluster tracking is per node connection and the tags are spread over nodes:
 the watcher does not run there (:func:`supported`), and the sweep runs every
 ``LEAFPOOL_SWEEP_SECONDS`` as without it.
@@ -93,6 +99,8 @@ class DropWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._rates: dict[str, RecentRate] = {}
+        # due, not locked, but marked queued by another: read again at every heartbeat
+        self._held: set[str] = set()
         self.ready = threading.Event()  # set once a session's full pass is done
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -186,6 +194,7 @@ class DropWatcher:
                 if now >= last_beat + HEARTBEAT_SECONDS:
                     tracking.heartbeat()
                     last_beat = now
+                    dirty |= self._held & known  # has the hold ended?
         finally:
             tracking.close()
 
@@ -220,13 +229,19 @@ class DropWatcher:
                 for lv in levels
                 if lv.known and lv.tag not in listed and self._outgrown(lv, rates.get(lv.tag, 0.0))
             ]
+        self._held -= {lv.tag for lv in levels}
         if not due:
             return
         locked = {lv.tag: lv.locked for lv in levels}
+        free = {d.tag for d in due if not locked[d.tag]}  # a locked tag: its release is heard
         for d in queue_due(self.pool, due, [locked[d.tag] for d in due], self.queued_seconds):
-            self._queue(d, rates.get(d.tag, 0.0))
+            if self._queue(d, rates.get(d.tag, 0.0)):
+                free.discard(d.tag)
+        self._held |= free  # read again at the next heartbeat
 
-    def _queue(self, due: Due, rate: float) -> None:
+    def _queue(self, due: Due, rate: float) -> bool:
+        """Hand ``due`` to ``on_due``; False when it could not be (tried again at the next
+        heartbeat)."""
         try:
             if rate > 0:  # the refill sizes the pool by it (docs/design.md §3.2)
                 self.pool.record(
@@ -234,7 +249,9 @@ class DropWatcher:
                 )
             self.on_due(due)
             self.stats.queued += 1
-        except Exception as exc:  # the broker is down: let the next read try again
+        except Exception as exc:  # the broker is down: the next heartbeat tries again
             log.warning("%s: refill not queued: %s", due.tag, exc)
             with contextlib.suppress(LeafpoolError):
                 self.pool.clear_queued(due.tag)
+            return False
+        return True

@@ -129,6 +129,30 @@ def test_a_tag_being_refilled_is_queued_when_its_lock_is_released(
         w.stop()
 
 
+def test_a_tag_drained_while_a_failed_refill_holds_it_is_queued_when_the_hold_ends(
+    pool: Pool, r: redis.Redis, queued: Queued
+) -> None:
+    """A refill that failed marks the tag queued for a few seconds (its hold, with no
+    retry behind it when it ran in a batch); clients drain the list meanwhile, and a plain
+    LPOP of an empty list writes nothing. When the hold ends (the marker expires: nothing
+    the watcher tracks is written) the watcher must still queue the refill."""
+    filled(pool, r, "order")
+    assert pool.mark_queued("order", 60)  # the failed refill's hold
+    r.lpop("leafpool:{order}:ids", 10)  # drained during the hold
+    assert pool.note_dry("order", 1) == 1  # and marked dry: the watcher writes nothing
+    w = DropWatcher(pool, queued, interval_s=0.005).start()
+    try:
+        assert w.ready.wait(WAIT)  # its full pass read the tag: due, but held
+        assert queued.tags() == []
+        for _ in range(5):
+            assert r.lpop("leafpool:{order}:ids") is None  # clients ask: nothing written
+        r.delete("leafpool:{order}:queued")  # the hold ends (as its expiry would)
+        services.wait_until(lambda: queued.tags() == ["order"], WAIT, "queued after the hold")
+        assert r.exists("leafpool:{order}:queued")  # marked by the watcher: queued once
+    finally:
+        w.stop()
+
+
 def test_after_a_redis_restart_the_watcher_reads_every_tag_again(
     make_settings: Callable[..., Settings],
 ) -> None:

@@ -121,5 +121,10 @@ def test_the_pool_is_refilled_within_2s_of_the_database_coming_back(
         # the retries while the database was down waited at most a second each
         waits = [float(w) for w in re.findall(r"Retry in ([0-9.]+)s", log.read_text())]
         assert waits and max(waits) <= 1.0
+    except BaseException:
+        print(f"state: {r.hgetall(STATE)}\nids: {r.llen(IDS)} "
+              f"reserve: {r.llen('leafpool:{order}:reserve')}\nkeys: {sorted(r.keys('*'))}")
+        print("worker log (tail):\n" + "\n".join(log.read_text().splitlines()[-80:]))
+        raise
     finally:
         worker.kill()
