@@ -194,7 +194,9 @@ class Refiller(ABC):
             # it). Not for the whole retry backoff: a retry waits in its worker's memory and
             # is lost with it (Celery's worker can exit on a broker failover), and the tag
             # would have no trigger until the marker expired (30 s, seen in the Sentinel
-            # failover test)
+            # failover test). A batch's refill (the tag sync's first fill) has no retry of
+            # its own: the watcher reads a tag it found due but held again every second,
+            # so it is queued when the hold ends (leafpool.housekeeping.watch)
             registered = self.pool.record(
                 tag,
                 counts={"refill_failures": 1},

@@ -8,7 +8,8 @@ run at once, so their Redis and database commits (``appendfsync always``, InnoDB
 commit flush) are written in groups instead of one after the other.
 
 A tag's failure is its own: recorded in its state by the refiller, listed in the batch's
-result, and the next sweep queues that tag again (it is still below its low-water mark).
+result, and the drop watcher queues that tag again when its failure's hold ends (it is
+still due: below its low-water mark, or its reserve short), or the next sweep does.
 """
 
 from __future__ import annotations
