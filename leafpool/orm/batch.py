@@ -43,6 +43,10 @@ _live: weakref.WeakSet[IdBatches | AsyncIdBatches] = weakref.WeakSet()
 
 
 def _forget_in_child() -> None:
+    """In a forked child: every batcher forgets what its parent held, and the default
+    batcher's guard is a new lock."""
+    global _default_guard
+    _default_guard = threading.Lock()
     for batches in list(_live):
         batches._forget()
 
@@ -56,11 +60,29 @@ def _check_take(n: int) -> int:
     return n
 
 
-def _check_prefetch(prefetch: int) -> int:
+def _prefetch(prefetch: int | None) -> int:
+    """The bound a batcher keeps: ``prefetch``, or ``LEAFPOOL_ORM_PREFETCH`` when None;
+    checked, and logged when it is not 0."""
+    if prefetch is None:
+        prefetch = get_settings().orm_prefetch
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not (
             0 <= prefetch <= MAX_BATCH):
         raise InvalidArgument("prefetch", prefetch, f"an integer from 0 to {MAX_BATCH:,}")
+    if prefetch:
+        log.info("orm: up to %d IDs of each tag are taken ahead and held by process %d "
+                 "(LEAFPOOL_ORM_PREFETCH); those held at exit are a gap", prefetch,
+                 os.getpid())
     return prefetch
+
+
+def batches_source(batches: IdBatches | Callable[[], IdBatches] | None,
+                   default: Callable[[], IdBatches]) -> Callable[[], IdBatches]:
+    """Where an ORM default or field takes IDs from: a given :class:`IdBatches`, a
+    callable returning one, or ``default`` (called at each take: it may change)."""
+    if isinstance(batches, IdBatches):
+        fixed = batches
+        return lambda: fixed
+    return batches or default
 
 
 class _Plan:
@@ -104,12 +126,7 @@ class IdBatches:
     def __init__(self, client: Callable[[], Client] = Client, *,
                  prefetch: int | None = None) -> None:
         self._make_client = client
-        self.prefetch = _check_prefetch(
-            get_settings().orm_prefetch if prefetch is None else prefetch)
-        if self.prefetch:
-            log.info("orm: up to %d IDs of each tag are taken ahead and held by process %d "
-                     "(LEAFPOOL_ORM_PREFETCH); those held at exit are a gap", self.prefetch,
-                     os.getpid())
+        self.prefetch = _prefetch(prefetch)
         self._guard = threading.Lock()
         self._client: Client | None = None
         self._locks: dict[str, threading.Lock] = {}
@@ -172,8 +189,7 @@ class AsyncIdBatches:
     def __init__(self, client: Callable[[], AsyncClient] = AsyncClient, *,
                  prefetch: int | None = None) -> None:
         self._make_client = client
-        self.prefetch = _check_prefetch(
-            get_settings().orm_prefetch if prefetch is None else prefetch)
+        self.prefetch = _prefetch(prefetch)
         self._client: AsyncClient | None = None
         self._locks: dict[str, asyncio.Lock] = {}
         self._held: dict[str, deque[int]] = {}
@@ -230,11 +246,3 @@ def default_batches() -> IdBatches:
         if _default is None:
             _default = IdBatches()
         return _default
-
-
-def _reset_default_in_child() -> None:
-    global _default_guard
-    _default_guard = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_reset_default_in_child)

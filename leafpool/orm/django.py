@@ -55,7 +55,7 @@ from leafpool.client import Client
 from leafpool.core.config import Settings, load_settings
 from leafpool.core.errors import ConfigurationError, InvalidArgument
 from leafpool.core.tags import validate_tag
-from leafpool.orm.batch import IdBatches, default_batches
+from leafpool.orm.batch import IdBatches, batches_source, default_batches
 from leafpool.orm.ids import id_value
 
 __all__ = [
@@ -197,11 +197,7 @@ class LeafpoolIdField(models.BigIntegerField):  # type: ignore[misc]
                  batches: Batches | None = None, **kwargs: Any) -> None:
         self.tag = validate_tag(tag)
         self.as_string = bool(as_string)
-        if isinstance(batches, IdBatches):
-            fixed = batches
-            self._batches: Callable[[], IdBatches] = lambda: fixed
-        else:
-            self._batches = batches or configured_batches
+        self._batches = batches_source(batches, configured_batches)
         for given in ("default", "db_default"):
             if given in kwargs:
                 raise InvalidArgument(given, kwargs[given],

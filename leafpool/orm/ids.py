@@ -4,9 +4,8 @@ Shared by the SQLAlchemy column type and the Django field."""
 
 from __future__ import annotations
 
+from leafpool.core.config import MAX_ID
 from leafpool.core.errors import InvalidArgument
-
-MAX_ID = 2**63 - 1
 
 
 def id_value(field: str, value: object) -> int:

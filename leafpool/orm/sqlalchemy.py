@@ -47,7 +47,7 @@ from sqlalchemy.util import await_only
 
 from leafpool.core.errors import LeafpoolError
 from leafpool.core.tags import validate_tag
-from leafpool.orm.batch import AsyncIdBatches, IdBatches, default_batches
+from leafpool.orm.batch import AsyncIdBatches, IdBatches, batches_source, default_batches
 from leafpool.orm.ids import id_value
 
 __all__ = ["IdDefault", "IdString", "leafpool_id"]
@@ -77,11 +77,7 @@ class IdDefault:
                  async_batches: Callable[[], AsyncIdBatches] | None = None) -> None:
         self.tag = validate_tag(tag)
         self.as_string = as_string
-        if isinstance(batches, IdBatches):
-            fixed = batches
-            self._batches: Callable[[], IdBatches] = lambda: fixed
-        else:
-            self._batches = batches or default_batches
+        self._batches = batches_source(batches, default_batches)
         self._async_batches = async_batches or _loop_batches
         # a statement's IDs not yet given to its rows, by execution context and column
         self._pending: weakref.WeakKeyDictionary[ExecutionContext, dict[object, deque[int]]] = (
@@ -102,14 +98,18 @@ class IdDefault:
                 value = ids.popleft()
                 if not ids:
                     local.context = None  # the statement's context is not kept alive
-                return str(value) if self.as_string else value
+                return self.value(value)
         except (AttributeError, IndexError):
             pass
         try:
             value = self._next(context)
         except LeafpoolError as exc:  # PoolEmpty, UnknownTag, BackendUnavailable ...
             raise _unwrapped(exc) from exc.__cause__
-        return str(value) if self.as_string else value
+        return self.value(value)
+
+    def value(self, taken: int) -> int | str:
+        """An ID as the column holds it in Python (a decimal string with ``as_string``)."""
+        return str(taken) if self.as_string else taken
 
     def _next(self, context: ExecutionContext | None) -> int:
         """A statement's first row (or a column other than the last one's): its IDs by
@@ -207,7 +207,7 @@ def _ids_before_flush(session: Session, flush_context: UOWTransaction,
         except LeafpoolError as exc:
             raise _unwrapped(exc) from exc.__cause__
         for obj, value in zip(objs, ids, strict=True):
-            setattr(obj, key, str(value) if default.as_string else value)
+            setattr(obj, key, default.value(value))
 
 
 class IdString(TypeDecorator[str]):

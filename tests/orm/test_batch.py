@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import threading
@@ -163,13 +164,20 @@ def test_unknown_and_bad_tags_and_counts_are_refused(r: redis.Redis, settings: S
         IdBatches(prefetch=-1)
 
 
-def test_the_prefetch_default_is_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_prefetch_default_is_the_setting_and_a_bound_is_logged(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("LEAFPOOL_ORM_PREFETCH", "7")
     get_settings.cache_clear()
     try:
-        assert IdBatches().prefetch == 7
+        with caplog.at_level(logging.INFO, logger="leafpool.orm.batch"):
+            assert IdBatches().prefetch == 7
+            assert AsyncIdBatches().prefetch == 7
+            assert IdBatches(prefetch=0).prefetch == 0  # no bound: nothing to say
     finally:
         get_settings.cache_clear()
+    said = [rec.getMessage() for rec in caplog.records]
+    assert said == [f"orm: up to 7 IDs of each tag are taken ahead and held by process "
+                    f"{os.getpid()} (LEAFPOOL_ORM_PREFETCH); those held at exit are a gap"] * 2
 
 
 def test_async_batches_take_in_one_pop_and_keep_the_bound(
