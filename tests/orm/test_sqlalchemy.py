@@ -30,11 +30,18 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from leafpool.client import AsyncClient, Client
 from leafpool.core.config import Settings
-from leafpool.core.errors import InvalidArgument, InvalidTag, PoolEmpty, UnknownTag
+from leafpool.core.errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    InvalidTag,
+    PoolEmpty,
+    UnknownTag,
+)
 from leafpool.orm.batch import AsyncIdBatches, IdBatches
 from leafpool.orm.sqlalchemy import IdString, leafpool_id
 from tests.orm.test_batch import lpops
 from tests.support.http_helpers import fill
+from tests.support.servers import free_port
 
 SNOWFLAKE_IDS = [(1_700_000_000_000 << 22) + i for i in range(1, 2001)]  # above 2**53
 
@@ -170,6 +177,24 @@ def test_an_empty_pool_inserts_nothing_and_never_a_sentinel(
                                                         default=leafpool_id("ghost",
                                                                             batches=source)),
                            Column("note", String(40))).insert().values(note="x"))
+
+
+def test_redis_not_answering_reaches_the_caller_as_itself_and_inserts_nothing(
+        engine: Engine, make_settings: Callable[..., Settings]) -> None:
+    down = make_settings(redis_url=f"redis://127.0.0.1:{free_port()}/0")  # nothing listens
+    Base, Order, _ = models(IdBatches(lambda: Client(settings=down), prefetch=0))
+    Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        session.add_all([Order(note="x")])
+        with pytest.raises(BackendUnavailable) as caught:  # not wrapped in a StatementError
+            session.commit()
+        session.rollback()
+        assert isinstance(caught.value, BackendUnavailable)
+        assert session.scalar(select(Order.id)) is None
+    with engine.begin() as conn, pytest.raises(BackendUnavailable):
+        conn.execute(insert(Order.__table__), [{"note": "y"}, {"note": "z"}])
+    with Session(engine) as session:
+        assert session.scalar(select(Order.id)) is None
 
 
 def test_a_bad_tag_is_refused_when_the_model_is_defined() -> None:
