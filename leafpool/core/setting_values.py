@@ -330,7 +330,7 @@ def parse_sentinels(value: str) -> tuple[tuple[str, int], ...]:
 def parse_pop_replicas(value: str) -> int | str:
     """``LEAFPOOL_POP_REPLICAS``: how many replicas must acknowledge a pop before its IDs
     are handed out: a number from 0 (no acknowledgement) to 16, or ``all`` (every replica
-    the master reports when the process starts)."""
+    the group knows when the process starts, down ones included: docs/design.md §7.1)."""
     text = value.strip().lower()
     if text == ALL_REPLICAS:
         return ALL_REPLICAS

@@ -199,16 +199,36 @@ class AsyncPool:
     # -- replica-acknowledged pops (docs/design.md §7; see leafpool.redis.pool.Pool) ------------
 
     async def require_replicas(self, required: int | str, wait_ms: int) -> int:
+        """As :meth:`leafpool.redis.pops.Pops.require_replicas`: the group's replicas read
+        from the sentinels, the cluster or the master (:func:`replicas.need`)."""
         if required == 0:
             return 0
+        self.acks, self.ack_wait_ms = replicas.need(required, await self._group()), wait_ms
+        return self.acks
+
+    async def _group(self) -> replicas.Group:
         try:
             infos = [await safely_async(lambda m=m: m.info("replication"))  # type: ignore[misc]
                      for m in self._masters()]
+            connected = min(int(i.get("connected_slaves", 0)) for i in infos)
+            found = replicas.sentinel_of(self.redis)
+            if found is not None:
+                manager, name = found
+                replies: list[Any] = []
+                for s in manager.sentinels:
+                    try:
+                        replies.append(await s.sentinel_slaves(name))
+                    except redis.RedisError as exc:
+                        replies.append(exc)
+                return replicas.Group(replicas.known_by_sentinels(replies), connected,
+                                      "the sentinels know")
+            if isinstance(self.redis, AsyncRedisCluster):
+                nodes = await self.redis.cluster_nodes()
+                return replicas.Group(replicas.known_in_cluster(nodes), connected,
+                                      "CLUSTER NODES lists for a master")
         except redis.RedisError as exc:
-            raise wrap(exc, "INFO replication") from exc
-        connected = min(int(i.get("connected_slaves", 0)) for i in infos)
-        self.acks, self.ack_wait_ms = replicas.need(required, connected), wait_ms
-        return self.acks
+            raise wrap(exc, "the replicas") from exc
+        return replicas.Group(connected, connected, "the master reports connected")
 
     def _masters(self) -> list[aioredis.Redis]:
         if isinstance(self.redis, AsyncRedisCluster):

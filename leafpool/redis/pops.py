@@ -236,8 +236,9 @@ class Pops:
 
     def require_replicas(self, required: int | str, wait_ms: int) -> int:
         """From now on hand out a pop's IDs only once ``required`` replicas (a number, or
-        ``all`` connected now) acknowledged it within ``wait_ms``; a requirement the
-        master cannot meet now is refused here, not discovered pop by pop."""
+        ``all``: every replica the group knows, down ones included) acknowledged it within
+        ``wait_ms``; a requirement the group can never meet is refused here, not
+        discovered pop by pop (:func:`replicas.need`)."""
         self.acks = safely(lambda: replicas.required(self.redis, required))
         self.ack_wait_ms = wait_ms
         return self.acks

@@ -11,12 +11,13 @@ replicas have it; otherwise they are dropped (a gap), never returned.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
 
-from leafpool.core.errors import ConfigurationError
+from leafpool.core.errors import BackendUnavailable, ConfigurationError
 from leafpool.core.setting_values import ALL_REPLICAS, POP_REPLICAS_ENV
 from leafpool.redis.errors import wrap
 
@@ -56,25 +57,108 @@ def connected_replicas(client: Any) -> int:
         return min(int(m.info("replication").get("connected_slaves", 0))
                    for m in _masters(client))
     except redis.RedisError as exc:
-        raise wrap(exc, "INFO replication") from exc
+        raise wrap(exc, "the master reports connected") from exc
+
+
+@dataclass(frozen=True)
+class Group:
+    """The replicas of the master (each master of a cluster: the fewest) as the group
+    knows them: ``known`` counts those down or resynchronising too (any of them can be
+    promoted once it answers again), ``connected`` those the master reports now."""
+
+    known: int
+    connected: int
+    source: str  # where ``known`` was read
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "known", max(self.known, self.connected))
+
+
+def sentinel_of(client: Any) -> tuple[Any, str] | None:
+    """(redis-py's ``Sentinel``, the master's name) behind a client from
+    ``Sentinel.master_for`` (blocking or asyncio); None for any other client."""
+    pool = getattr(client, "connection_pool", None)
+    manager = getattr(pool, "sentinel_manager", None)
+    return None if manager is None else (manager, str(pool.service_name))  # type: ignore[union-attr]
+
+
+def known_by_sentinels(replies: list[Any]) -> int:
+    """The replicas the sentinels know (``SENTINEL REPLICAS``, one reply per sentinel that
+    answered; a sentinel remembers a replica while it is down): the most any reports."""
+    lists = [r for r in replies if isinstance(r, list)]
+    if not lists:
+        raise BackendUnavailable("SENTINEL REPLICAS: no sentinel answered")
+    return max(len(r) for r in lists)
+
+
+def known_in_cluster(nodes: dict[str, Any]) -> int:
+    """The fewest replicas any master serving slots has in ``CLUSTER NODES`` (as redis-py
+    parses it), failed replicas included."""
+    def flags(node: dict[str, Any]) -> set[str]:
+        return set(str(node["flags"]).split(","))
+
+    masters = {n["node_id"] for n in nodes.values()
+               if "master" in flags(n) and n.get("slots") and "fail" not in flags(n)}
+    counts = dict.fromkeys(masters, 0)
+    for n in nodes.values():
+        if n.get("master_id") in counts:
+            counts[n["master_id"]] += 1
+    return min(counts.values(), default=0)
+
+
+def group(client: Any) -> Group:
+    """What :func:`need` weighs, read from the sentinels, the cluster, or the master."""
+    connected = connected_replicas(client)
+    found = sentinel_of(client)
+    try:
+        if found is not None:
+            manager, name = found
+            replies: list[Any] = []
+            for s in manager.sentinels:
+                try:
+                    replies.append(s.sentinel_slaves(name))
+                except redis.RedisError as exc:
+                    replies.append(exc)
+            return Group(known_by_sentinels(replies), connected, "the sentinels know")
+        if isinstance(client, RedisCluster):
+            return Group(known_in_cluster(client.cluster_nodes()), connected,
+                         "CLUSTER NODES lists for a master")
+    except redis.RedisError as exc:
+        raise wrap(exc, "the replicas") from exc
+    return Group(connected, connected, "the master reports connected")
 
 
 def required(client: Any, wanted: int | str) -> int:
-    """The number of acknowledgements a pop needs; refuses what the masters cannot give."""
-    return 0 if wanted == 0 else need(wanted, connected_replicas(client))
+    """The number of acknowledgements a pop needs; refuses what the group cannot give."""
+    return 0 if wanted == 0 else need(wanted, group(client))
 
 
-def need(wanted: int | str, connected: int) -> int:
-    """``wanted`` (a number or ``all``) against the replicas ``connected`` now."""
-    need = connected if wanted == ALL_REPLICAS else int(wanted)
-    if need > connected:
+def need(wanted: int | str, replicas: Group) -> int:
+    """``wanted`` (a number or ``all``) against the group's replicas (docs/design.md
+    §7.1): a pop is safe from any promotion only when every replica that can be promoted
+    acknowledged it, so ``all`` is every replica the group knows, down ones included
+    (not those connected now), and a smaller number is allowed but warned about. A
+    replica down or resynchronising now makes pops wait for it (refused meanwhile, never
+    handed out unacknowledged)."""
+    need = replicas.known if wanted == ALL_REPLICAS else int(wanted)
+    if need > replicas.known:
         raise ConfigurationError(
             POP_REPLICAS_ENV, wanted,
-            f"at most the {connected} replica(s) the master reports connected now "
-            "(INFO replication); add replicas or lower it")
+            f"at most the {replicas.known} replica(s) {replicas.source} "
+            "(add replicas or lower it)")
     if need == 0:
         log.warning("pops: %s=all but the master has no replica: pops are not "
                     "acknowledged by any replica", POP_REPLICAS_ENV)
+    elif need < replicas.known:
+        log.warning(
+            "pops: %s=%s of the %d replicas %s: a replica that did not acknowledge a pop "
+            "can be promoted after a sequence of failures and hand its IDs out again; set "
+            "%s=all (docs/design.md 7.1)", POP_REPLICAS_ENV, wanted, replicas.known,
+            replicas.source, POP_REPLICAS_ENV)
+    if replicas.connected < need:
+        log.warning("pops: %d of the %d replica(s) a pop needs are connected now: pops are "
+                    "refused (ReplicasBehind) until the others are back and in sync",
+                    replicas.connected, need)
     return need
 
 
@@ -87,7 +171,7 @@ def replication_id(client: Any, key: str) -> tuple[str, str]:
         pipe.client_info()
         info, me = pipe.execute()
     except redis.RedisError as exc:
-        raise wrap(exc, "INFO replication") from exc
+        raise wrap(exc, "the master reports connected") from exc
     return str(info.get("master_replid", "")), str(me.get("laddr", "?"))
 
 

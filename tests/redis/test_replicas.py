@@ -284,3 +284,62 @@ def test_a_refill_lock_left_on_a_dead_master_is_taken_over_by_the_next_refill(
     assert ids == list(range(ids[0], ids[0] + 100)) and ids[0] > 100  # above all handed out
     print(f"failover with the lock held: the tag refilled {took * 1000:.0f} ms after the "
           "promotion")
+
+
+def test_all_is_every_replica_the_sentinels_know_a_down_one_included(
+    topologies: Topologies, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``all`` is a fixed count (docs/design.md §7.1): a replica down when the client
+    starts still counts, since Sentinel can promote it once it answers again. Pops are
+    refused while it is away and served once it is back in sync; ``1`` of two is allowed,
+    with a warning that names the hazard."""
+    group = topologies.sentinel_group(2, 3)
+    _fill(group)
+    away = group.replicas[0]
+    away.kill()
+    group.wait_down(away)
+    sentinels = ",".join(f"{h}:{p}" for h, p in group.sentinel_addrs)
+    settings = load_settings(redis_url="redis://unused:6379/0", redis_sentinels=sentinels,
+                             redis_master_name=group.master_name, pop_replicas="all",
+                             pop_wait_ms=100, empty_wait_seconds=0.3)
+    client = Client(settings=settings)
+    assert client.pool.acks == 2
+    assert "1 of the 2 replica(s) a pop needs are connected now" in caplog.text
+    with pytest.raises(ReplicasBehind, match="1 of 2 replicas acknowledged"):
+        client.next_id(TAG)
+
+    async def async_acks() -> int:
+        async_client = AsyncClient(settings=settings)
+        await async_client.start()
+        acks = async_client.pool.acks
+        await async_client.aclose()
+        return acks
+
+    assert asyncio.run(async_acks()) == 2
+    away.restart()
+    group.wait_synced()
+    assert client.next_id(TAG) > 0
+    caplog.clear()
+    one = load_settings(redis_url="redis://unused:6379/0", redis_sentinels=sentinels,
+                        redis_master_name=group.master_name, pop_replicas="1")
+    assert Client(settings=one).pool.acks == 1
+    assert "=1 of the 2 replicas the sentinels know: a replica that did not" in caplog.text
+    three = load_settings(redis_url="redis://unused:6379/0", redis_sentinels=sentinels,
+                          redis_master_name=group.master_name, pop_replicas="3")
+    with pytest.raises(ConfigurationError, match=r"at most the 2 replica\(s\) the sentinels"):
+        Client(settings=three)
+
+
+def test_all_in_a_cluster_is_the_replicas_of_each_master(topologies: Topologies) -> None:
+    """A failed replica still counts (CLUSTER NODES lists it): it can be promoted once it
+    answers again."""
+    top = topologies.cluster(3, 2)
+    master = top.masters()[0]
+    top.replicas_of(master)[0].kill()
+    t._wait(lambda: None if master.info()["connected_slaves"] == 1 else "still 2", 10,
+            "the master sees its replica gone")
+    settings = load_settings(redis_url=top.url, redis_cluster=True, pop_replicas="all",
+                             broker_url="redis://127.0.0.1:1/0")
+    client = Client(settings=settings)
+    assert client.pool.acks == 2
+    client.close()

@@ -184,6 +184,15 @@ class Node:
         _wait(lambda: None if _proc_state(self.pid) != "T" else "still stopped", timeout,
               f"port {self.port} resumed")
 
+    def restart(self, timeout: float = 30.0) -> None:
+        """Start the process again after :meth:`kill`, from its own data directory and
+        configuration file (its append-only file as of the kill), on the same port;
+        returns once it answers as itself."""
+        if self.alive():
+            raise RuntimeError(f":{self.port} is still running")
+        if not _launch(self, timeout):
+            raise RuntimeError(f":{self.port} was taken by another process")
+
     def stop(self) -> None:
         """SIGKILL without waiting for the port (throwaway data); works on a paused node."""
         self._close()
@@ -446,6 +455,18 @@ class SentinelGroup(Replicated):
                 return None
 
             _wait(check, timeout, f"sentinel :{s.port} ready", interval=0.1)
+
+    def wait_down(self, node: Node, timeout: float = 30.0) -> None:
+        """Until every live sentinel flags ``node`` (a replica) subjectively down."""
+        for s in self.live_sentinels():
+
+            def check(s: Node = s) -> str | None:
+                for r in s.admin.sentinel_slaves(self.master_name):
+                    if r["port"] == node.port:
+                        return None if r["is_sdown"] else f"flags {r['flags']}"
+                return "not known"
+
+            _wait(check, timeout, f"sentinel :{s.port} sees :{node.port} down", interval=0.1)
 
     def wait_failover(self, old: Node | tuple[str, int] | None = None,
                       timeout: float = 30.0) -> Node:
