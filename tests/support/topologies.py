@@ -500,6 +500,7 @@ class SentinelGroup(Replicated):
 
 def sentinel_group(n_replicas: int = 2, n_sentinels: int = 3, master_name: str = "leafpool",
                    down_after_ms: int = 1000, failover_timeout_ms: int = 5000,
+                   parallel_syncs: int = 1,
                    quorum: int | None = None, config: Path | None = None,
                    appendfsync: str | None = None, extra_args: Iterable[str] = (),
                    timeout: float = 30.0, tls: Pki | None = None) -> SentinelGroup:
@@ -527,7 +528,7 @@ def sentinel_group(n_replicas: int = 2, n_sentinels: int = 3, master_name: str =
                     f"sentinel monitor {master_name} {HOST} {top.master.port} {quorum}\n"
                     f"sentinel down-after-milliseconds {master_name} {down_after_ms}\n"
                     f"sentinel failover-timeout {master_name} {failover_timeout_ms}\n"
-                    f"sentinel parallel-syncs {master_name} 1\n")
+                    f"sentinel parallel-syncs {master_name} {parallel_syncs}\n")
                 return [binary, str(conf), "--sentinel"]
 
             top.sentinels.append(top._start("sentinel", "redis-sentinel", argv))
