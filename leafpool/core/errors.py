@@ -185,6 +185,10 @@ class ReplicasBehind(BackendUnavailable):
         self.discarded = discarded
         self.acked = acked
         self.required = required
-        super().__init__(
-            f"{tag}: {acked} of {required} replicas acknowledged the pop in time; its "
-            f"{discarded} ID(s) are dropped, never handed out")
+        if discarded:
+            said = (f"{tag}: {acked} of {required} replicas acknowledged the pop in time; "
+                    f"its {discarded} ID(s) are dropped, never handed out")
+        else:
+            said = (f"{tag}: {acked} of {required} replicas acknowledged this connection's "
+                    "writes in time; nothing was popped")
+        super().__init__(said)

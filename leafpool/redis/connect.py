@@ -20,6 +20,8 @@ when it is installed.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,9 +31,10 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.cluster import RedisCluster
 from redis.connection import parse_url
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from leafpool.redis import retries
 from leafpool.redis.errors import wrap as wrap
@@ -61,6 +64,49 @@ def _url_auth(url: str) -> dict[str, Any]:
     return {k: parsed[k] for k in ("db", "username", "password") if parsed.get(k) is not None}
 
 
+#: how often a Sentinel client asks the sentinels which node is the master, besides after
+#: a connection error (redis-py's own rule) and after a refused acknowledgement
+MASTER_CHECK_SECONDS = 1.0
+
+
+class _Checked:
+    """When the master was last asked for (redis-py asks only when a connection opens:
+    a connection kept open to a paused master that comes back after a failover would
+    write to it until Sentinel demotes it, 8 s or more later; docs/design.md §7.1)."""
+
+    _asked = float("-inf")
+
+    def _due(self) -> bool:
+        now = time.monotonic()
+        if now - self._asked < MASTER_CHECK_SECONDS:
+            return False
+        self._asked = now
+        return True
+
+
+class CheckedSentinelPool(_Checked, SentinelConnectionPool):
+    """redis-py's Sentinel pool, asking the sentinels for the master at most once a
+    second when a connection is taken: when the master moved, the connections to the
+    former one are closed (redis-py's ``get_master_address``) and the next command goes
+    to the new one."""
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if self._due():
+            with contextlib.suppress(redis.RedisError):  # the command will say it
+                self.get_master_address()  # type: ignore[no-untyped-call]
+        return super().get_connection(*args, **kwargs)
+
+
+class AsyncCheckedSentinelPool(_Checked, AsyncSentinelPool):
+    """The asyncio twin of :class:`CheckedSentinelPool`."""
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if self._due():
+            with contextlib.suppress(redis.RedisError):
+                await self.get_master_address()  # type: ignore[no-untyped-call]
+        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+
 @dataclass(frozen=True)
 class _Flavour:
     """redis-py's classes of one flavour (blocking or asyncio): one node, a Cluster and a
@@ -70,11 +116,13 @@ class _Flavour:
     node: Any
     cluster: Any
     sentinel: Any
+    sentinel_pool: Any
     once: Any
 
 
-_BLOCKING = _Flavour(redis.Redis, RedisCluster, Sentinel, retries.ONCE)
-_ASYNCIO = _Flavour(aioredis.Redis, AsyncRedisCluster, AsyncSentinel, retries.ONCE_ASYNC)
+_BLOCKING = _Flavour(redis.Redis, RedisCluster, Sentinel, CheckedSentinelPool, retries.ONCE)
+_ASYNCIO = _Flavour(aioredis.Redis, AsyncRedisCluster, AsyncSentinel, AsyncCheckedSentinelPool,
+                    retries.ONCE_ASYNC)
 
 
 def _tls(settings: Settings) -> dict[str, Any]:
@@ -102,6 +150,7 @@ def _open(flavour: _Flavour, settings: Settings | str, timeout: float) -> Any:
                                     sentinel_kwargs={**_options(timeout), **tls},
                                     **options, **tls)
         return sentinel.master_for(settings.redis_master_name,
+                                   connection_pool_class=flavour.sentinel_pool,
                                    **_url_auth(settings.redis_url), **options, **tls)
     return flavour.node.from_url(settings.redis_url, **options, **tls)
 

@@ -56,6 +56,7 @@ class AsyncPool:
 
     acks = 0  # replicas that must acknowledge a pop (LEAFPOOL_POP_REPLICAS; 0: none)
     ack_wait_ms = 100
+    _behind = False  # the last acknowledged pop was refused: probe before popping again
 
     def __init__(self, client: aioredis.Redis, prefix: str = "leafpool") -> None:
         self.redis = client
@@ -88,6 +89,7 @@ class AsyncPool:
     async def pop_many(self, tag: str, count: int) -> list[int]:
         key = self._ids_key(tag)
         if self.acks:
+            await self._probe(tag, key)
             raw, acked = await self._once(tag, key, [("LPOP", key, count), self._wait()],
                                           "LPOP", count)
             return await self._acknowledged(tag, ids_from(raw), int(acked))
@@ -97,6 +99,7 @@ class AsyncPool:
         key = self._ids_key(tag)
         command = ("BLPOP", key, f"{timeout:.3f}")
         if self.acks:
+            await self._probe(tag, key)
             popped, acked = await self._once(tag, key, [command, self._wait()], "BLPOP", 1)
             got = await self._acknowledged(tag, [] if popped is None else [int(popped[1])],
                                            int(acked))
@@ -126,6 +129,7 @@ class AsyncPool:
         count = min(count, head.size)
         take = script_command(self._take, [k.ids, k.reserve, k.state], head.take_args(count))
         if self.acks:
+            await self._probe(tag, k.ids)
             code, acked = await self._once(tag, k.ids, [take, self._wait()], "take reserve",
                                            count, self._take)
             taken = take_result(head, count, int(code))
@@ -256,12 +260,29 @@ class AsyncPool:
     def _wait(self) -> tuple[Any, ...]:
         return ("WAIT", self.acks, self.ack_wait_ms)
 
+    async def _probe(self, tag: str, key: str) -> None:
+        """As :meth:`leafpool.redis.pops.Pops._probe`: after a refused pop, ``WAIT`` alone
+        before the next, so nothing is popped (and dropped) while the replicas are away."""
+        if not self._behind:
+            return
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        acked = int((await self._once(tag, key, [self._wait()], "WAIT", 0))[0])
+        if acked >= self.acks:
+            self._behind = False
+            return
+        await replicas.recheck_master_async(self.redis)
+        await asyncio.sleep(max(0.0, self.ack_wait_ms / 1000 - (loop.time() - started)))
+        raise ReplicasBehind(tag, 0, acked, self.acks)
+
     async def _acknowledged(self, tag: str, ids: list[int], acked: int) -> list[int]:
         """``ids``, or ReplicasBehind once they are dropped and counted (as Pool does)."""
         if ids and acked < self.acks:
             replicas.log_discarded(tag, len(ids), acked, self.acks)
             with contextlib.suppress(LeafpoolError):
                 await self._record_once(tag, {UNACKED: len(ids), GAPS: len(ids)})
+            self._behind = True
+            await replicas.recheck_master_async(self.redis)
             raise ReplicasBehind(tag, len(ids), acked, self.acks)
         return ids
 

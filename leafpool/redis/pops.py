@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -113,6 +114,7 @@ class Pops:
     keys: Keys
     acks = 0  # replicas that must acknowledge a pop (LEAFPOOL_POP_REPLICAS; 0: none)
     ack_wait_ms = 100
+    _behind = False  # the last acknowledged pop was refused: probe before popping again
     _take: Any
     _ids_keys: dict[str, str]
 
@@ -184,6 +186,7 @@ class Pops:
         """``LPOP key count``: up to ``count`` IDs, in order."""
         key = self._ids_keys.get(tag) or self._ids_key(tag)
         if self.acks:
+            self._probe(tag, key)
             raw, acked = self._once(tag, key, [("LPOP", key, count), self._wait()], "LPOP",
                                     count)
             return self._acknowledged(tag, ids_from(raw), int(acked))
@@ -194,6 +197,7 @@ class Pops:
         key = self._ids_key(tag)
         command = ("BLPOP", key, f"{timeout:.3f}")
         if self.acks:
+            self._probe(tag, key)
             popped, acked = self._once(tag, key, [command, self._wait()], "BLPOP", 1)
             got = self._acknowledged(tag, [] if popped is None else [int(popped[1])],
                                      int(acked))
@@ -208,6 +212,7 @@ class Pops:
         count = min(count, head.size)
         take = script_command(self._take, [k.ids, k.reserve, k.state], head.take_args(count))
         if self.acks:
+            self._probe(tag, k.ids)
             code, acked = self._once(tag, k.ids, [take, self._wait()], "take reserve", count,
                                      self._take)
             taken = take_result(head, count, int(code))
@@ -243,11 +248,30 @@ class Pops:
         self.ack_wait_ms = wait_ms
         return self.acks
 
+    def _probe(self, tag: str, key: str) -> None:
+        """After a refused pop, before the next: ``WAIT`` alone, which writes nothing and
+        blocks until the replicas have this connection's last write or the wait ends; a
+        pop now would only be dropped too while they are away, so nothing is popped and
+        the pool is not drained into gaps (docs/design.md §7.1)."""
+        if not self._behind:
+            return
+        started = time.monotonic()
+        acked = int(self._once(tag, key, [self._wait()], "WAIT", 0)[0])
+        if acked >= self.acks:
+            self._behind = False
+            return
+        replicas.recheck_master(self.redis)
+        # a WAIT on a connection that never wrote answers at once: pace the probes
+        time.sleep(max(0.0, self.ack_wait_ms / 1000 - (time.monotonic() - started)))
+        raise ReplicasBehind(tag, 0, acked, self.acks)
+
     def _acknowledged(self, tag: str, ids: list[int], acked: int) -> list[int]:
         if ids and acked < self.acks:
             replicas.log_discarded(tag, len(ids), acked, self.acks)
             with contextlib.suppress(LeafpoolError):
                 self._record_once(tag, {UNACKED: len(ids), GAPS: len(ids)})
+            self._behind = True
+            replicas.recheck_master(self.redis)
             raise ReplicasBehind(tag, len(ids), acked, self.acks)
         return ids
 

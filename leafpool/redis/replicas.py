@@ -128,6 +128,30 @@ def group(client: Any) -> Group:
     return Group(connected, connected, "the master reports connected")
 
 
+def recheck_master(client: Any) -> None:
+    """After a pop too few replicas acknowledged: ask the sentinels which node is the
+    master now (a Sentinel client; nothing otherwise). A client still connected to a
+    former master that came back after a failover finds no replica there; redis-py closes
+    the connections to it when the sentinels name another node, and the next pop goes to
+    the new master (docs/design.md §7.1)."""
+    pool = getattr(client, "connection_pool", None)
+    if sentinel_of(client) is not None:
+        try:
+            pool.get_master_address()  # type: ignore[union-attr]
+        except redis.RedisError as exc:
+            log.info("pops: the sentinels did not name a master: %s", exc)
+
+
+async def recheck_master_async(client: Any) -> None:
+    """The asyncio twin of :func:`recheck_master`."""
+    pool = getattr(client, "connection_pool", None)
+    if sentinel_of(client) is not None:
+        try:
+            await pool.get_master_address()  # type: ignore[union-attr]
+        except redis.RedisError as exc:
+            log.info("pops: the sentinels did not name a master: %s", exc)
+
+
 def required(client: Any, wanted: int | str) -> int:
     """The number of acknowledgements a pop needs; refuses what the group cannot give."""
     return 0 if wanted == 0 else need(wanted, group(client))

@@ -343,3 +343,73 @@ def test_all_in_a_cluster_is_the_replicas_of_each_master(topologies: Topologies)
     client = Client(settings=settings)
     assert client.pool.acks == 2
     client.close()
+
+
+def test_while_a_replica_is_away_pops_are_refused_without_draining_the_pool(
+    topologies: Topologies,
+) -> None:
+    """After a pop too few replicas acknowledged, the next attempts only ``WAIT`` (nothing
+    popped) until the replicas have this connection's writes: a replica away for seconds
+    costs the one dropped pop, not every attempt's IDs (the pool drained into gaps)."""
+    top = topologies.replicated(1)
+    _fill(top)
+    replica = top.replicas[0]
+    settings = _settings(top.master, pop_replicas="1", pop_wait_ms=100,
+                         empty_wait_seconds=1.0)
+    client = Client(settings=settings)
+    top.stall(replica)
+    for _ in range(3):
+        with pytest.raises(ReplicasBehind):
+            client.next_ids(TAG, 10)
+
+    async def async_attempts() -> None:
+        async_client = AsyncClient(settings=settings)
+        await async_client.start()
+        for _ in range(3):
+            with pytest.raises(ReplicasBehind):
+                await async_client.next_ids(TAG, 10)
+        await async_client.aclose()
+
+    asyncio.run(async_attempts())
+    with top.master.client() as r:
+        left = int(r.llen(f"leafpool:{{{TAG}}}:ids"))  # type: ignore[arg-type]
+    status = tag_status(client.pool.snapshot(TAG))
+    assert status.unacked_ids == 20, "each client's first pop only: 10 IDs each"
+    assert left == N - 20
+    replica.resume()
+    top.wait_synced()
+    assert client.next_ids(TAG, 10) == list(range(21, 31))
+
+
+def test_a_connection_to_a_former_master_moves_to_the_promoted_one_within_seconds(
+    topologies: Topologies,
+) -> None:
+    """A master paused past down-after and continued once Sentinel promoted another node
+    answers again, as a master, until Sentinel demotes it (8 s or more later). redis-py
+    asks the sentinels only when a connection opens, so a worker's open connection kept
+    writing to it; leafpool's Sentinel clients ask at most every second
+    (connect.MASTER_CHECK_SECONDS) and move."""
+    group = topologies.sentinel_group(2, 3)
+    sentinels = ",".join(f"{h}:{p}" for h, p in group.sentinel_addrs)
+    settings = load_settings(redis_url="redis://unused:6379/0", redis_sentinels=sentinels,
+                             redis_master_name=group.master_name)
+    pool = Pool(connect(settings))
+    pool.register(TAG, "segment", 0)
+    old = group.master
+    assert replicas_port(pool) == old.port
+    old.pause()
+    new = group.wait_failover(old)
+    old.resume()
+    resumed = time.monotonic()
+    assert old.role() == "master", "the test needs the former master not yet demoted"
+    t._wait(lambda: None if replicas_port(pool) == new.port else "still on the old master",
+            5.0, "the pool's connection on the promoted master")
+    print(f"moved to the promoted master {time.monotonic() - resumed:.1f} s after the "
+          "former one was continued")
+
+
+def replicas_port(pool: Pool) -> int:
+    """The port of the node the pool's next command goes to (CLIENT INFO's laddr)."""
+    from leafpool.redis import replicas
+
+    return int(replicas.replication_id(pool.redis, pool.tag(TAG).ids)[1].rsplit(":", 1)[1])
