@@ -126,7 +126,16 @@ def orm_section(size: str) -> None:
                    .get(size, orm_bench.FULL))
 
 
+def nemesis_section(size: str, args: argparse.Namespace) -> None:
+    from bench import nemesis_bench
+
+    nemesis_bench.main(console, {"smoke": None, "quick": nemesis_bench.QUICK}
+                       .get(size, nemesis_bench.FULL), args)
+
+
 def main() -> None:
+    from bench import nemesis_bench
+
     parser = argparse.ArgumentParser(prog="python -m bench")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="fewer operations")
@@ -134,8 +143,10 @@ def main() -> None:
                       help="every section with tiny sizes, in seconds: proves the benchmarks "
                            "run; the figures mean nothing")
     parser.add_argument("--only", choices=["", "pools", "replication", "snowflake", "http",
-                                           "burst", "tags", "tls", "outage", "galera", "orm"],
+                                           "burst", "tags", "tls", "outage", "galera", "orm",
+                                           "nemesis"],
                         default="", help="one section")
+    nemesis_bench.add_arguments(parser)
     args = parser.parse_args()
     if not args.smoke:
         run(args)
@@ -170,6 +181,9 @@ def run(args: argparse.Namespace) -> None:
         return
     if args.only == "orm":
         orm_section(size_name)
+        return
+    if args.only == "nemesis":
+        nemesis_section(size_name, args)
         return
     if args.only in sections:
         sections[args.only](sizes)
@@ -265,6 +279,11 @@ def run(args: argparse.Namespace) -> None:
         outage_section(size_name)
         galera_section(size_name)
         orm_section(size_name)
+        if args.smoke:
+            nemesis_section(size_name, args)
+        else:  # three seeds of 10 minutes: asked for by name only
+            console.print("nemesis: not in a run of every section (30 min): "
+                          "python -m bench --only nemesis")
     console.print(f"total {time.monotonic() - started:.0f} s")
 
 

@@ -1,0 +1,171 @@
+"""The seeded nemesis (tests/support/nemesis.py; issue 28 item 1, issue 33 item 4): a short
+combined-fault run against real processes on loopback, and the checker
+(tests/support/nemesis_checker.py) on hand-written histories, so that each of its checks
+can be seen to fail.
+
+The run: Redis master + 2 replicas + 3 sentinels (shipped redis.conf and sentinel.conf
+timings), MariaDB, two Celery workers and a beat, four client processes (two ``wait``, two
+``reserve``) with ``LEAFPOOL_POP_REPLICAS=all``; a fixed seed's schedule of faults every
+4-8 s for 45 s (workers, beat, the Redis master and replicas, MariaDB, killed or paused),
+then at least 20 s healed. Asserted: no ID handed out twice, no segment ID out of the
+calls' real-time order, each snowflake worker's IDs in order, every tag serving again
+after the heal. Availability is printed, not asserted (issue 28 item 2 is about it)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from tests.support import services
+from tests.support.nemesis import RunConfig, run
+from tests.support.nemesis_checker import (
+    check,
+    check_run,
+    duplicates,
+    inversions,
+    pauses,
+    snowflake_inversions,
+)
+from tests.support.nemesis_history import (
+    EVENTS,
+    HISTORY,
+    META,
+    Call,
+    Event,
+    EventLog,
+    LineWriter,
+    call_record,
+    write_json,
+)
+from tests.support.nemesis_report import cause, print_report
+from tests.support.servers import NotInstalled
+
+T0 = 1_700_000_000.0
+SEED = 3  # its schedule has 8 faults of 8 kinds: the master paused 3.5 s and killed 7.7 s
+
+
+def _call(start: float, end: float, *ids: int, tag: str = "t", client: str = "c",
+          err: str | None = None) -> Call:
+    return Call(client, T0 + start, T0 + end, tag, "ids", max(len(ids), 1), ids, err)
+
+
+def _sf(ms: int, worker: int, seq: int = 0) -> int:
+    return ms << 22 | worker << 12 | seq
+
+
+# -- the checker on hand-written histories ---------------------------------------------
+
+def test_an_id_handed_out_twice_is_a_duplicate() -> None:
+    calls = [_call(0, 1, 1, 2), _call(2, 3, 3, 4), _call(4, 5, 4, 5)]
+    assert duplicates(calls) == (1, [4])
+    assert duplicates(calls[:2]) == (0, [])
+
+
+def test_a_call_that_began_after_another_ended_must_get_larger_ids() -> None:
+    ordered = [_call(0, 1, 1, 2), _call(2, 3, 3), _call(4, 5, 4, 5)]
+    assert inversions(ordered) == (0, [])
+    late = [_call(0, 1, 5, 6), _call(2, 3, 3, 4)]  # began after 5-6 was handed out
+    count, examples = inversions(late)
+    assert count == 1 and "got 3 after" in examples[0]
+    # overlapping calls may get their IDs in either order: no real-time order between them
+    assert inversions([_call(0, 2, 5), _call(1, 3, 3)]) == (0, [])
+    # only the calls that ended before one began count: 3 overlaps the call that got 5
+    assert inversions([_call(0, 1, 1), _call(0.5, 3, 5), _call(1.5, 4, 3)])[0] == 0
+    # ... and the largest ID among them, not the last one's to end (5, not 9)
+    assert inversions([_call(0, 1, 9), _call(0.5, 3, 5), _call(3.5, 4, 8)])[0] == 1
+    assert inversions([_call(0, 1, 3, 2)])[0] == 1  # out of order within the call
+
+
+def test_snowflake_ids_must_increase_per_worker_not_across_workers() -> None:
+    interleaved = [_call(0, 1, _sf(10, 1), _sf(5, 2)), _call(2, 3, _sf(11, 1), _sf(6, 2))]
+    count, _, per_worker = snowflake_inversions(interleaved)
+    assert count == 0 and per_worker == {1: 2, 2: 2}
+    back = [_call(0, 1, _sf(10, 1), _sf(5, 2)), _call(2, 3, _sf(9, 1), _sf(6, 2))]
+    count, examples, _ = snowflake_inversions(back)
+    assert count == 1 and examples[0].startswith("worker 1:")
+
+
+def test_a_pause_is_reported_with_the_fault_in_progress_and_the_master_outage_left_out(
+) -> None:
+    calls = [_call(s, s + 0.1, s + 1) for s in range(30) if not 10 <= s < 20]
+    calls.append(_call(12, 14, err="BackendUnavailable"))
+    events = [Event(T0, "phase", {"phase": "faults"}),
+              Event(T0 + 10.5, "fault-start", {"id": 1, "kind": "master-kill",
+                                               "target": "redis-1"}),
+              Event(T0 + 16, "sentinel", {"type": "+switch-master"}),
+              Event(T0 + 18, "fault-end", {"id": 1}),
+              Event(T0 + 25, "phase", {"phase": "heal"}),
+              Event(T0 + 30, "phase", {"phase": "end"})]
+    report = check(calls, events, {"t": "segment"})
+    tag = report.tag("t")
+    assert [(round(report.rel(p.start), 1), round(p.length, 1)) for p in tag.pauses] == \
+        [(9.1, 11.0)]
+    pause = tag.pauses[0]
+    assert [f.what for f in pause.faults] == ["master-kill redis-1"]
+    assert pause.failovers == [T0 + 16] and pause.errors == Counter(BackendUnavailable=1)
+    assert pause.outlived_s == pytest.approx(2.1)
+    assert "outlived the faults by 2.1 s" in cause(report, pause)
+    # 30 windows, 10 without a serve; the master was down 10.5-16 (the failover ended
+    # it, not the restart at 18): windows 10 to 15 are left out
+    assert (tag.windows, tag.served_windows) == (30, 20)
+    assert (tag.kept_windows, tag.served_kept_windows) == (24, 20)
+    assert tag.after_heal_s == pytest.approx(0.1)
+
+
+def test_a_tag_that_stops_for_good_is_still_paused_at_the_end() -> None:
+    found = pauses("t", [T0 + s for s in range(10)], T0, T0 + 30, threshold=5.0)
+    assert len(found) == 1 and found[0].open_end and found[0].length == pytest.approx(21)
+
+
+def test_the_run_files_round_trip_and_gaps_are_accounted(tmp_path: Path) -> None:
+    """What the client processes and the nemesis write is what the checker reads; a last
+    line cut short by a kill is skipped."""
+    writer = LineWriter(tmp_path / HISTORY / "client-0.jsonl")
+    writer.write(call_record(T0, T0 + 0.1, "t", "ids", 2, [1, 2], None))
+    writer.write(call_record(T0 + 1, T0 + 1.1, "t", "id", 1, [], "PoolEmpty", "empty"))
+    writer.write(call_record(T0 + 2, T0 + 2.1, "t", "ids", 3, [3, 4], "PoolEmpty", "x"))
+    writer.close()
+    with open(tmp_path / HISTORY / "client-0.jsonl", "a") as fh:
+        fh.write('{"s": 1')  # cut short
+    events = EventLog(tmp_path / EVENTS)
+    events.log("phase", t=T0, phase="faults")
+    events.log("phase", t=T0 + 3, phase="end")
+    events.close()
+    write_json(tmp_path / META, {"tags": {"t": "segment"}, "config": {"seed": 7}})
+    write_json(tmp_path / "accounting.json",
+               {"t": {"pushed_total": 10, "gaps": 3, "ready": 2, "unacked_ids": 0}})
+    report = check_run(tmp_path)
+    tag = report.tag("t")
+    assert (report.seed, tag.calls, tag.failed, tag.handed_out) == (7, 3, 2, 4)
+    assert tag.balance == 10 - (4 + 3 + 2)
+    assert report.errors == {"client-0": Counter(PoolEmpty=2)}
+
+
+# -- the run ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_seeded_combined_fault_run_repeats_nothing_and_every_tag_serves_after_the_heal(
+    tmp_path: Path,
+) -> None:
+    cfg = RunConfig(seed=SEED, fault_s=45.0, heal_s=20.0, gap_s=(4.0, 8.0))
+    run_dir = tmp_path / "run"
+    try:
+        run(cfg, run_dir)
+    except NotInstalled as exc:
+        services.missing(exc.what)
+    report = check_run(run_dir)
+    print_report(Console(width=200), report)
+    assert sum(report.faults.values()) >= 6, "too few faults fired for the run to mean much"
+    assert report.faults["master-kill"] + report.faults["master-pause"] >= 1
+    for tag in report.tags:
+        assert tag.handed_out > 1000, f"{tag.tag}: hardly any IDs handed out"
+        assert tag.duplicates == 0, f"{tag.tag}: handed out twice: {tag.duplicate_examples}"
+        assert tag.inversions == 0, f"{tag.tag}: out of order: {tag.inversion_examples}"
+        assert tag.after_heal_s is not None, f"{tag.tag} never served again after the heal"
+    if report.tag("sf").worker_ids:
+        assert len(report.tag("sf").worker_ids) >= 1
+    assert report.heal_timeout is None, report.heal_timeout
