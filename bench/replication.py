@@ -8,10 +8,13 @@ In one run, side by side, single-ID pops (``Client.next_id``) and 100-ID pops
 3. master + 1 replica, ``everysec``, ``LEAFPOOL_POP_REPLICAS=1`` (every pop is
    ``LPOP`` + ``WAIT 1 <LEAFPOOL_POP_WAIT_MS>`` in one round trip);
 4. master + 1 replica, ``always``, ``LEAFPOOL_POP_REPLICAS=1``;
-5. a Redis Cluster (3 masters with 1 replica each), ``always``, ``LEAFPOOL_POP_REPLICAS=1``.
+5. a Redis Cluster (3 masters with 1 replica each), ``always``, ``LEAFPOOL_POP_REPLICAS=1``;
+6. master + 2 replicas, ``always``, ``LEAFPOOL_POP_REPLICAS=1`` (one of two: not safe under a
+   sequence of faults, docs/design.md §7.1);
+7. master + 2 replicas, ``always``, every replica (``all``: the shipped setting).
 
 Every topology runs at once on loopback (tests/support/topologies.py, stopped at the end); rounds
-of the five are interleaved so that a noisy machine weighs on all of them alike, and each
+of the seven are interleaved so that a noisy machine weighs on all of them alike, and each
 ratio against row 1 is taken round by round (the median, and the range over the rounds).
 Before each round every pool is topped up the way a refiller does it (fenced pushes under
 the refill lock, above the high-water mark, not measured) and the replicas are waited
@@ -131,12 +134,14 @@ LABELS = (
     "master + replica, everysec, ack 1",
     "master + replica, always, ack 1",
     "Cluster 3 x (1 + 1), always, ack 1",
+    "master + 2 replicas, always, ack 1",
+    "master + 2 replicas, always, ack all (2)",
 )
 
 
 @contextmanager
 def _configs() -> Iterator[list[Config]]:
-    """The five topologies and their clients; every server is stopped on the way out."""
+    """The topologies and their clients; every server is stopped on the way out."""
     with ExitStack() as stack:
 
         def started(top: Top) -> Top:
@@ -155,6 +160,7 @@ def _configs() -> Iterator[list[Config]]:
         pair_everysec = started(topologies.replicated(1, appendfsync="everysec"))
         pair_always = started(topologies.replicated(1, appendfsync="always"))
         cluster = started(topologies.cluster(3, 1, appendfsync="always"))
+        trio = started(topologies.replicated(2, appendfsync="always"))
         yield [
             config(LABELS[0], always.master.client(), 0, redis_url=always.master.url),
             config(LABELS[1], everysec.master.client(), 0, redis_url=everysec.master.url),
@@ -166,6 +172,8 @@ def _configs() -> Iterator[list[Config]]:
             # setting only: nothing here talks to a broker)
             config(LABELS[4], cast(redis.Redis, cluster.client()), 1, redis_url=cluster.url,
                    redis_cluster=True, broker_url=always.master.url),
+            config(LABELS[5], trio.master.client(), 1, redis_url=trio.master.url),
+            config(LABELS[6], trio.master.client(), 2, redis_url=trio.master.url),
         ]
 
 
@@ -230,7 +238,8 @@ def results_table(configs: list[Config], rounds: int) -> Table:
 
 
 def answers_table(configs: list[Config]) -> Table:
-    one_always, one_everysec, ack_everysec, ack_always, ack_cluster = configs
+    one_always, one_everysec, ack_everysec, ack_always, ack_cluster, one_of_two, all_of_two \
+        = configs
     table = Table(title="Replication: what failover-safe pops cost (IDs/s ratios, median of "
                         "the per-round ratios)",
                   caption="[3] keeps G1 through a failover, not through a master that loses "
@@ -262,6 +271,8 @@ def answers_table(configs: list[Config]) -> Table:
         ack_everysec, one_always, cheaper)
     row("price of the ack on top of everysec: [3] vs [2]", ack_everysec, one_everysec, cost)
     row("price of fsync always, no replica: [1] vs [2]", one_always, one_everysec, cost)
+    row("price of every replica (safe under any sequence of faults): [7] vs [6]",
+        all_of_two, one_of_two, cost)
     return table
 
 

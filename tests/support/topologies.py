@@ -49,7 +49,7 @@ from tests.support.tls import Pki
 
 __all__ = [
     "HOST", "REDIS_CONF", "Cluster", "ClusterEntry", "Node", "Replicated", "SentinelGroup",
-    "Topology", "cluster", "replicated", "sentinel_group", "stall",
+    "Topology", "cluster", "replicated", "sentinel_group", "shipped_sentinel_debug", "stall",
 ]
 
 HOST = "127.0.0.1"
@@ -400,6 +400,19 @@ def replicated(n_replicas: int = 1, config: Path | None = None, appendfsync: str
 
 # -- Sentinel --------------------------------------------------------------------------
 
+SENTINEL_CONF = ROOT / "ops" / "redis" / "sentinel.conf"
+
+
+def shipped_sentinel_debug() -> list[str]:
+    """The ``SENTINEL DEBUG`` arguments the shipped ops/redis/sentinel.conf says to apply
+    once a sentinel has started (they are not configuration directives)."""
+    for line in SENTINEL_CONF.read_text().splitlines():
+        words = line.lstrip("# ").split()
+        if words[:2] == ["SENTINEL", "DEBUG"]:
+            return words[2:]
+    raise LookupError(f"no SENTINEL DEBUG line in {SENTINEL_CONF.name}")
+
+
 class SentinelGroup(Replicated):
     """A master, its replicas and the sentinels watching them."""
 
@@ -500,7 +513,7 @@ class SentinelGroup(Replicated):
 
 def sentinel_group(n_replicas: int = 2, n_sentinels: int = 3, master_name: str = "leafpool",
                    down_after_ms: int = 1000, failover_timeout_ms: int = 5000,
-                   parallel_syncs: int = 1,
+                   parallel_syncs: int = 1, debug: Iterable[str] = (),
                    quorum: int | None = None, config: Path | None = None,
                    appendfsync: str | None = None, extra_args: Iterable[str] = (),
                    timeout: float = 30.0, tls: Pki | None = None) -> SentinelGroup:
@@ -508,7 +521,9 @@ def sentinel_group(n_replicas: int = 2, n_sentinels: int = 3, master_name: str =
     each with its own config file, which Sentinel rewrites) monitoring the master as
     ``master_name`` with ``quorum`` (default: a majority). Returned once every sentinel knows
     the master, its replicas and the other sentinels. ``tls``: every node and sentinel
-    speaks TLS only, with this PKI's certificates (replication and Sentinel's links too)."""
+    speaks TLS only, with this PKI's certificates (replication and Sentinel's links too).
+    ``debug``: ``SENTINEL DEBUG`` arguments each sentinel gets once started (the shipped
+    ones: :func:`shipped_sentinel_debug`)."""
     quorum = quorum or n_sentinels // 2 + 1
     extra = list(extra_args)
     top = SentinelGroup(master_name, quorum, tls)
@@ -531,7 +546,10 @@ def sentinel_group(n_replicas: int = 2, n_sentinels: int = 3, master_name: str =
                     f"sentinel parallel-syncs {master_name} {parallel_syncs}\n")
                 return [binary, str(conf), "--sentinel"]
 
-            top.sentinels.append(top._start("sentinel", "redis-sentinel", argv))
+            sentinel = top._start("sentinel", "redis-sentinel", argv)
+            top.sentinels.append(sentinel)
+            if debug:
+                sentinel.command("SENTINEL", "DEBUG", *debug)
         top.wait_ready(timeout)
     except BaseException:
         top.stop()

@@ -21,6 +21,7 @@ import yaml
 
 from leafpool.core.config import Settings
 from tests.support.services import missing
+from tests.support.topologies import shipped_sentinel_debug
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -43,7 +44,7 @@ SECRETS = {
 #: needed by `--profile ha` only (its nodes refuse to start without them)
 HA_SECRETS = {"REDIS_REPLICATION_PASSWORD": "dummy-replication",
               "REDIS_SENTINEL_PASSWORD": "dummy-sentinel"}
-DATA_NODES = ("redis", "redis-ha-master", "redis-ha-replica")
+DATA_NODES = ("redis", "redis-ha-master", "redis-ha-replica-1", "redis-ha-replica-2")
 ACL_FILE = "/etc/redis-acl/users.acl"
 
 
@@ -196,24 +197,37 @@ def test_raw_file_parses_and_dockerfile_installs_the_package() -> None:
         assert (ROOT / path).exists()
 
 
-def test_the_ha_profile_runs_a_master_a_replica_three_sentinels_and_follows_them(
+def test_the_ha_profile_runs_a_master_two_replicas_three_sentinels_and_follows_them(
     services: dict[str, Any],
 ) -> None:
+    """Two replicas and pops every replica acknowledges (docs/design.md §7.1); the
+    sentinels with the shipped sentinel.conf's timings and SENTINEL DEBUG periods; every
+    data node restarts at once (pops wait while one is away)."""
     ha = {name for name, svc in services.items() if "ha" in svc.get("profiles", [])}
-    assert ha == {"redis-ha-master", "redis-ha-replica", "sentinel-1", "sentinel-2",
-                  "sentinel-3", "segment-worker-ha", "http-ha"}
-    assert services["redis-ha-replica"]["command"][-1].endswith(
-        "--replicaof redis-ha-master 6379")
+    assert ha == {"redis-ha-master", "redis-ha-replica-1", "redis-ha-replica-2", "sentinel-1",
+                  "sentinel-2", "sentinel-3", "segment-worker-ha", "http-ha"}
+    for name in ("redis-ha-replica-1", "redis-ha-replica-2"):
+        assert services[name]["command"][-1].endswith("--replicaof redis-ha-master 6379")
+    for name in ("redis-ha-master", "redis-ha-replica-1", "redis-ha-replica-2"):
+        assert services[name]["restart"] == "unless-stopped", name
+    shipped = (ROOT / "ops" / "redis" / "sentinel.conf").read_text()
+    timings = re.findall(r"^(sentinel (?:down-after-milliseconds|failover-timeout|"
+                         r"parallel-syncs) leafpool \d+)$", shipped, re.M)
+    assert len(timings) == 3
     for name in ("sentinel-1", "sentinel-2", "sentinel-3"):
         script = unescape(services[name]["command"][-1])
         assert "sentinel monitor leafpool redis-ha-master 6379 2" in script
-        assert script.rstrip().endswith("--sentinel")
+        assert "redis-server /tmp/sentinel.conf --sentinel" in script
+        for line in timings:
+            assert line in script, line
+        debug = " ".join(shipped_sentinel_debug())
+        assert f"redis-cli -p 26379 SENTINEL DEBUG {debug} " in script
         # the sentinels log in to the data nodes as leafpool-sentinel
         assert "sentinel auth-user leafpool leafpool-sentinel" in script
         assert 'sentinel auth-pass leafpool "%s"' in script
         assert '"$REDIS_SENTINEL_PASSWORD" > /tmp/sentinel.conf' in script
         assert services[name]["environment"]["REDIS_SENTINEL_PASSWORD"] == "dummy-sentinel"
-    for name in ("redis-ha-master", "redis-ha-replica"):  # and the nodes to their master
+    for name in ("redis-ha-master", "redis-ha-replica-1", "redis-ha-replica-2"):  # to their master
         script = unescape(services[name]["command"][-1])
         assert "masteruser leafpool-replication" in script and "--include " in script
         assert services[name]["environment"]["REDIS_REPLICATION_PASSWORD"] == (
@@ -223,7 +237,7 @@ def test_the_ha_profile_runs_a_master_a_replica_three_sentinels_and_follows_them
         settings = Settings(**{k.removeprefix("LEAFPOOL_").lower(): v for k, v in env.items()
                                if k.startswith("LEAFPOOL_") and v != ""
                                and k != "LEAFPOOL_DATABASE_URL"})
-        assert settings.redis_topology == "sentinel" and settings.pop_replicas == "1"
+        assert settings.redis_topology == "sentinel" and settings.pop_replicas == "all"
         assert [h for h, _ in settings.sentinels] == ["sentinel-1", "sentinel-2", "sentinel-3"]
         assert settings.broker_options == {"master_name": "leafpool"}
     # the worker's Celery: over the same sentinels as the worker role, on the broker
@@ -336,7 +350,8 @@ def test_the_ha_secrets_are_needed_by_the_ha_profile_only(tmp_path: Path) -> Non
     config = compose_config(tmp_path, SECRETS)  # `docker compose up` without them
     services = config["services"]
     for name, variable in [("redis-ha-master", "REDIS_REPLICATION_PASSWORD"),
-                           ("redis-ha-replica", "REDIS_REPLICATION_PASSWORD"),
+                           ("redis-ha-replica-1", "REDIS_REPLICATION_PASSWORD"),
+                           ("redis-ha-replica-2", "REDIS_REPLICATION_PASSWORD"),
                            ("sentinel-1", "REDIS_SENTINEL_PASSWORD")]:
         assert "ha" in services[name]["profiles"]
         script = unescape(services[name]["command"][-1])

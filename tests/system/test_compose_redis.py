@@ -33,6 +33,7 @@ from leafpool.redis.register import register
 from leafpool.segment.store import SegmentStore
 from tests.support import services
 from tests.support.servers import Server
+from tests.support.topologies import shipped_sentinel_debug
 from tests.system.test_compose import (
     ACL_FILE,
     HA_SECRETS,
@@ -262,6 +263,14 @@ def _wait(nodes: list[Server], check: Callable[[], bool], timeout: float, what: 
         raise TimeoutError(f"{exc}\n{_tails(nodes)}") from exc
 
 
+def _debug(sentinel: redis.Redis) -> dict[str, Any]:
+    """``SENTINEL DEBUG`` (no arguments): the sentinel's periods, by name."""
+    reply = sentinel.execute_command("SENTINEL", "DEBUG")  # type: ignore[no-untyped-call]
+    pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2],
+                                                              strict=True)
+    return {str(k).lower(): v for k, v in pairs}
+
+
 def _info(url: str) -> dict[str, Any]:
     client = _once(url)
     try:
@@ -294,8 +303,8 @@ def test_the_ha_nodes_replicate_and_fail_over_under_their_users(
                            config["redis-ha-master"]["environment"], mport, tmp_path / "m",
                            data))
         nodes.append(_node(
-            "replica", unescape(config["redis-ha-replica"]["command"][-1]),
-            config["redis-ha-replica"]["environment"], rport, tmp_path / "r",
+            "replica", unescape(config["redis-ha-replica-1"]["command"][-1]),
+            config["redis-ha-replica-1"]["environment"], rport, tmp_path / "r",
             {**data, "redis-ha-master 6379": f"127.0.0.1 {mport}"}))
         monitor = f"redis://leafpool-monitor:{SECRETS['LEAFPOOL_ACL_MONITOR_PASSWORD']}@127.0.0.1"
         _wait(nodes,
@@ -311,9 +320,14 @@ def test_the_ha_nodes_replicate_and_fail_over_under_their_users(
             "sentinel", unescape(config["sentinel-1"]["command"][-1]),
             config["sentinel-1"]["environment"], sport, tmp_path / "s",
             {"port 26379": "port {port}\\nbind 127.0.0.1",
+             "-p 26379 SENTINEL": "-p {port} SENTINEL",
              "redis-ha-master 6379 2": f"127.0.0.1 {mport} 1",
              "/tmp/sentinel.conf": "{home}/sentinel.conf"}))
         sentinel = redis.Redis(port=sport, decode_responses=True)
+        # the script sets the periods sentinel.conf names once the sentinel answers
+        wanted = dict(zip(*[iter(shipped_sentinel_debug())] * 2, strict=True))
+        _wait(nodes, lambda: {k: str(v) for k, v in _debug(sentinel).items() if k in wanted}
+              == wanted, 30, "the sentinel's SENTINEL DEBUG periods")
 
         def sees(master: int, replicas: int) -> bool:
             state = sentinel.sentinel_master("leafpool")
