@@ -126,6 +126,13 @@ def orm_section(size: str) -> None:
                    .get(size, orm_bench.FULL))
 
 
+def failover_section(size: str) -> None:
+    from bench import failover_bench
+
+    failover_bench.main(console, failover_bench.SMOKE if size == "smoke"
+                        else failover_bench.FULL)
+
+
 def nemesis_section(size: str, args: argparse.Namespace) -> None:
     from bench import nemesis_bench
 
@@ -144,7 +151,7 @@ def main() -> None:
                            "run; the figures mean nothing")
     parser.add_argument("--only", choices=["", "pools", "replication", "snowflake", "http",
                                            "burst", "tags", "tls", "outage", "galera", "orm",
-                                           "nemesis"],
+                                           "failover", "nemesis"],
                         default="", help="one section")
     nemesis_bench.add_arguments(parser)
     args = parser.parse_args()
@@ -181,6 +188,9 @@ def run(args: argparse.Namespace) -> None:
         return
     if args.only == "orm":
         orm_section(size_name)
+        return
+    if args.only == "failover":
+        failover_section(size_name)
         return
     if args.only == "nemesis":
         nemesis_section(size_name, args)
@@ -279,6 +289,7 @@ def run(args: argparse.Namespace) -> None:
         outage_section(size_name)
         galera_section(size_name)
         orm_section(size_name)
+        failover_section(size_name)
         if args.smoke:
             nemesis_section(size_name, args)
         else:  # three seeds of 10 minutes: asked for by name only
