@@ -1,7 +1,8 @@
 """leafpool on a real Redis Cluster (3 masters with 2 replicas each, on loopback): 30 tags spread
-over the masters, tag sync, refills, sweep, status and the client with
-replica-acknowledged pops; a master killed during pops, its replica promoted, and no ID
-handed out twice."""
+over the masters, tag sync, refills, sweep, status and the client with pops every replica
+acknowledged (``LEAFPOOL_POP_REPLICAS=all``, docs/design.md §7.1); a master killed during
+pops, a replica promoted, the killed node restarted as a supervisor would (it rejoins as
+a replica: pops on its slots wait for it), and no ID handed out twice."""
 
 from __future__ import annotations
 
@@ -67,14 +68,15 @@ def test_pools_on_a_cluster_survive_a_master_failover_without_a_repeat(
     assert len(nodes) == 3, nodes  # status says which master serves each tag
 
     client = Client(connect(settings), settings=settings.model_copy(
-        update={"pop_replicas": "1"}))
-    assert client.pool.acks == 1
+        update={"pop_replicas": "all"}))
+    assert client.pool.acks == 2
     handed_out = {tag: client.next_ids(tag, 5) for tag in TAGS}
 
     victim = cluster.masters()[0]
     cluster.kill_master(victim)
     killed = time.monotonic()
     cluster.wait_promotion(victim, timeout=30)
+    victim.restart()  # its supervisor: it rejoins as a replica of the promoted node
     resumed_after = None
     for tag in itertools.cycle(TAGS):  # bounded: pops resume once the cluster is ok
         assert time.monotonic() - killed < 60, "pops did not resume within 60 s"
