@@ -23,7 +23,10 @@ settings = get_settings()
 watching = settings.watch and settings.redis_topology != "cluster"
 sweep_seconds = settings.watch_sweep_seconds if watching else settings.sweep_seconds
 
-app = Celery("leafpool", broker=settings.broker_url, include=["workers.tasks"])
+# amqp: kombu's connection with the fix that keeps a worker up when its broker connection
+# breaks under an unacknowledged task (a failover: workers/broker.py, docs/design.md §3.9)
+app = Celery("leafpool", broker=settings.broker_url, include=["workers.tasks"],
+             amqp="workers.broker:BrokerAMQP")
 app.conf.update(
     task_queues=[Queue(SEGMENT_QUEUE), Queue(SNOWFLAKE_QUEUE), Queue(CONTROL_QUEUE)],
     task_default_queue=CONTROL_QUEUE,
@@ -51,6 +54,9 @@ app.conf.update(
         "global_keyprefix": f"{settings.broker_key_prefix}:",
     },
     broker_connection_retry_on_startup=True,
+    # a worker waits for its broker for as long as it is away (every 0.5 to 2 s:
+    # workers/broker.py), rather than exiting after a hundred attempts
+    broker_connection_max_retries=None,
     # rediss:// (or Sentinel over TLS): the same CA and client certificate as the pools
     broker_use_ssl=settings.broker_use_ssl,
     task_ignore_result=True,
