@@ -15,7 +15,16 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from leafpool.cli_common import err, out, reports_errors, runtime
+from leafpool.cli_common import (
+    FORMAT_HELP,
+    Format,
+    err,
+    out,
+    pick_format,
+    reports_errors,
+    runtime,
+    tsv,
+)
 from leafpool.cli_probe import probe_app
 from leafpool.cli_setup import db_app, redis_acl, redis_app
 from leafpool.cli_status import status
@@ -28,6 +37,7 @@ from leafpool.core.errors import (
 from leafpool.core.tags import validate_tag
 from leafpool.redis.register import register
 from leafpool.runtime import Runtime
+from leafpool.status import plain_table
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="leafpool: distributed IDs from pre-generated Redis pools.")
@@ -114,23 +124,44 @@ def tag_guard(
               f"{tag}: no guard", highlight=False)
 
 
+#: ``leafpool tag list``'s columns: the table step is leaf_alloc's ``step`` (``step`` in
+#: the JSON), the floor of the step allocations use now (``leafpool status``)
+TAG_COLUMNS = ("tag", "mode", "max_id", "table step", "description")
+TAG_TSV = ("tag", "mode", "max_id", "table_step", "description")
+
+
 @tag_app.command("list")
 @reports_errors
 def tag_list(
     as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,
+    fmt: Annotated[Format | None, typer.Option("--format", help=FORMAT_HELP)] = None,
 ) -> None:
-    """List the tags: leaf_alloc (segment) and leafpool_snowflake_tag (snowflake)."""
+    """List the tags: leaf_alloc (segment) and leafpool_snowflake_tag (snowflake). The
+    table step is the floor of the step allocations use now (`leafpool status`: it grows
+    from it under load)."""
     store = runtime().store
     rows: list[dict[str, object]] = [{"mode": "segment", **r.__dict__}
                                      for r in store.list_tags()]
     rows += [{"mode": "snowflake", "tag": t} for t in store.list_snowflake_tags()]
-    if as_json:
+    fmt = Format.json if as_json else fmt
+    if fmt is Format.json:
         out.print_json(json.dumps(rows))
         return
-    table = Table("tag", "mode", "max_id", "step", "description")
-    for r in rows:
-        table.add_row(str(r["tag"]), str(r["mode"]), str(r.get("max_id", "-")),
-                      str(r.get("step", "-")), str(r.get("description") or ""))
+    values = [[r["tag"], r["mode"], r.get("max_id"), r.get("step"), r.get("description")]
+              for r in rows]
+    if fmt is Format.tsv:
+        sys.stdout.write(tsv(TAG_TSV, values))
+        sys.stdout.flush()
+        return
+    cells = [[str(v) if v is not None else ("" if i == 4 else "-") for i, v in enumerate(row)]
+             for row in values]
+    if pick_format(fmt, cells, TAG_COLUMNS) is Format.plain:
+        sys.stdout.write(plain_table(cells, TAG_COLUMNS))
+        sys.stdout.flush()
+        return
+    table = Table(*TAG_COLUMNS)
+    for row in cells:
+        table.add_row(*row)
     out.print(table)
 
 

@@ -1,9 +1,11 @@
 """``leafpool status``: each tag's pool, as a table for a person or as rows for a script.
 
-``--format``: ``table`` (rich's, for a terminal wide enough for it), ``plain`` (a header and
-one line per tag, columns aligned, nothing wrapped or cut: the default when stdout is piped
-or the terminal is narrower than the table), ``tsv`` (the same cells tab-separated, the
-notices on stderr: for ``cut`` and ``awk``) and ``json`` (``--json``: the raw values).
+``--format`` (the rule of :func:`leafpool.cli_common.pick_format`, shared with ``leafpool
+tag list``): ``table`` (rich's, for a terminal wide enough for it), ``plain`` (a header and
+one line per tag, columns aligned, nothing wrapped or cut: the default when stdout is not a
+terminal or the terminal is narrower than the table), ``tsv`` (:data:`TSV_FIELDS`: plain
+values under the JSON's field names, the notices on stderr: for ``cut`` and ``awk``) and
+``json`` (``--json``: every field, raw).
 """
 
 from __future__ import annotations
@@ -12,20 +14,28 @@ import contextlib
 import gc
 import sys
 import time
-from collections.abc import Iterator
-from enum import StrEnum
+from collections.abc import Iterator, Sequence
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from leafpool.cli_common import err, out, reports_errors, runtime
+from leafpool.cli_common import (
+    FORMAT_HELP,
+    Format,
+    err,
+    out,
+    pick_format,
+    reports_errors,
+    runtime,
+    tsv,
+)
 from leafpool.core.errors import UnknownTag
 from leafpool.core.tags import validate_tag
 from leafpool.status import (
-    RICH_TABLE_ROWS,
     STATUS_COLUMNS,
     TagStatus,
+    footnotes,
     notices,
     plain_table,
     pool_status,
@@ -34,12 +44,15 @@ from leafpool.status import (
     status_row,
 )
 
-
-class Format(StrEnum):
-    table = "table"
-    plain = "plain"
-    tsv = "tsv"
-    json = "json"
+#: ``--format tsv``: plain values under the JSON's field names (integers without
+#: separators, times as ms since the epoch, durations in seconds, rates in IDs/s, an empty
+#: cell for none), the last error last
+TSV_FIELDS = (
+    "tag", "mode", "length", "target", "reserve_size", "step", "table_step", "worker_ids",
+    "max_id", "rate", "peak_rate", "list_seconds", "reserve_seconds", "seconds_left",
+    "last_refill_ms", "last_refill_result", "empty_hits", "dry_since_ms", "gaps",
+    "db_unreachable_ms", "last_error_ms", "last_error",
+)
 
 
 @reports_errors
@@ -48,8 +61,7 @@ def status(
         help="Only these tags, each in full: a field a line, nothing cut")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,
     fmt: Annotated[Format | None, typer.Option(
-        "--format", help="table, plain (one line a tag), tsv or json; default: table in a "
-                         "terminal wide enough for it, else plain")] = None,
+        "--format", help=FORMAT_HELP)] = None,
     watch: Annotated[float, typer.Option(help="Refresh every N seconds (0: once)")] = 0.0,
 ) -> None:
     """Per tag: list length vs target, reserve, step, max_id, rate, seconds held at the
@@ -94,10 +106,9 @@ def _print_details(rows: list[TagStatus], clear: bool) -> None:
     sys.stdout.flush()
 
 
-def _tsv(rows: list[list[str]]) -> str:
-    def line(cells: list[str]) -> str:
-        return "\t".join(" ".join(c.split()) for c in cells)
-    return "".join(line(cells) + "\n" for cells in [list(STATUS_COLUMNS), *rows])
+def status_tsv(rows: Sequence[TagStatus]) -> str:
+    """:data:`TSV_FIELDS`, a line a tag."""
+    return tsv(TSV_FIELDS, [[getattr(r, name) for name in TSV_FIELDS] for r in rows])
 
 
 def _print_status(rows: list[TagStatus], fmt: Format | None, clear: bool) -> None:
@@ -105,28 +116,25 @@ def _print_status(rows: list[TagStatus], fmt: Format | None, clear: bool) -> Non
         sys.stdout.write(status_json(rows))
         sys.stdout.flush()
         return
-    cells = [status_row(r) for r in rows]
     if clear and out.is_terminal:
         out.clear()
     if fmt is Format.tsv:
         for line in notices(rows):
             err.print(line, highlight=False, markup=False, soft_wrap=True)
-        sys.stdout.write(_tsv(cells))
+        sys.stdout.write(status_tsv(rows))
         sys.stdout.flush()
         return
+    cells = [status_row(r) for r in rows]
     for line in notices(rows):
         out.print(line, highlight=False, markup=False, soft_wrap=True)
-    text = plain_table(cells)
-    if fmt is None:  # rich's table wraps each cell in a narrow terminal: plain rows there
-        wide_enough = max(map(len, text.splitlines())) <= out.width
-        fits = out.is_terminal and wide_enough and len(cells) <= RICH_TABLE_ROWS
-        fmt = Format.table if fits else Format.plain
-    if fmt is Format.plain:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    table = Table(*STATUS_COLUMNS)
-    table.columns[-1].overflow = "fold"  # the last error whole, folded, never cut
-    for row in cells:
-        table.add_row(*row)
-    out.print(table)
+    if pick_format(fmt, cells, STATUS_COLUMNS) is Format.plain:
+        sys.stdout.write(plain_table(cells))
+    else:
+        table = Table(*STATUS_COLUMNS)
+        table.columns[-1].overflow = "fold"  # the last error whole, folded, never cut
+        for row in cells:
+            table.add_row(*row)
+        out.print(table)
+    for line in footnotes(rows):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+    sys.stdout.flush()

@@ -13,6 +13,7 @@ from datetime import datetime
 
 from leafpool.core.durations import fmt_ago, fmt_duration
 from leafpool.redis.pool import Pool, Snapshot
+from leafpool.refill.sizing import rate_now
 
 
 @dataclass
@@ -26,7 +27,7 @@ class TagStatus:
     reserve_size: int
     step: int
     max_id: int | None
-    rate: float
+    rate: float  # IDs/s now (refill.sizing.rate_now): 0 for a pool nobody pops
     seconds_left: float | None
     last_refill_ms: int | None
     last_refill_result: str
@@ -78,6 +79,11 @@ class TagStatus:
     last_backwards_ms: int | None = None
     last_backwards_offset_ms: int | None = None
     time_bits_years_left: float | None = None
+    # segment tags: the table's step, the floor the step in use (``step``) grows from
+    table_step: int = 0
+    # the rate the last refill measured, and when (``rate`` is it brought up to now)
+    measured_rate: float = 0.0
+    rate_measured_ms: int | None = None
 
     @property
     def dry_seconds(self) -> float:
@@ -110,12 +116,19 @@ def _opt_float(state: dict[str, str], name: str) -> float | None:
         return None
 
 
-def tag_status(snap: Snapshot) -> TagStatus:
-    """The parsed state (plain dict reads: a status of 10,000 tags parses 400,000 fields)."""
+def tag_status(snap: Snapshot, now_ms: float | None = None) -> TagStatus:
+    """The parsed state (plain dict reads: a status of 10,000 tags parses 400,000 fields),
+    the rate brought up to ``now_ms`` (default: this host's clock)."""
     state, hits = snap.state, snap.hits  # what clients count is in hits (before: state)
     get = state.get
-    rate = float(get("rate") or 0.0)
-    peak = _opt_float(state, "peak_rate") or rate
+    measured = float(get("rate") or 0.0)
+    peak = _opt_float(state, "peak_rate") or measured
+    measured_ms = _opt_int(state, "rate_ts_ms")
+    rate = measured
+    if measured_ms is not None:
+        consumed = _int(state, "pushed_total") - snap.length - _int(state, "rate_consumed")
+        now = time.time() * 1000 if now_ms is None else now_ms
+        rate = rate_now(measured, consumed, (now - measured_ms) / 1000)
     reserve_size = snap.reserve_size
     ready = snap.length + reserve_size
     return TagStatus(
@@ -167,6 +180,9 @@ def tag_status(snap: Snapshot) -> TagStatus:
         last_backwards_ms=_opt_int(state, "last_backwards_ms"),
         last_backwards_offset_ms=_opt_int(state, "last_backwards_offset_ms"),
         time_bits_years_left=_opt_float(state, "time_bits_years_left"),
+        table_step=_int(state, "table_step"),
+        measured_rate=measured,
+        rate_measured_ms=measured_ms,
     )
 
 
@@ -180,7 +196,8 @@ def _seconds_left(ready: int, rate: float, pushed: int) -> float | None:
 
 def pool_status(pool: Pool, tags: list[str] | None = None) -> list[TagStatus]:
     names = tags if tags is not None else pool.tags()
-    return [tag_status(s) for s in pool.snapshots(names)]
+    now_ms = time.time() * 1000
+    return [tag_status(s, now_ms) for s in pool.snapshots(names)]
 
 
 # -- ``leafpool status``: the rows, as JSON or as a table --------------------------------------
@@ -236,6 +253,30 @@ def error_text(r: TagStatus, clock: Callable[[], float] = time.time) -> str:
     return text
 
 
+def step_cell(r: TagStatus) -> str:
+    """A segment tag's step in use, and the table step it grew from when they differ
+    (``4,000 (table 1,000)``); a snowflake tag's worker IDs."""
+    if r.mode != "segment":
+        return f"w {','.join(r.worker_ids) or '-'}"
+    now = r.step or r.table_step
+    if r.table_step and now != r.table_step:
+        return f"{now:,} (table {r.table_step:,})"
+    return f"{now:,}"
+
+
+#: said below the table when a step in use differs from its table step
+STEP_NOTE = ("step: the step allocations use now; it grows from the table step (`leafpool "
+             "tag list`, `leafpool tag step`) while segments are used up fast and halves back "
+             "when they last long, never below it (Leaf's dynamic step)")
+
+
+def footnotes(statuses: Sequence[TagStatus]) -> list[str]:
+    """What ``leafpool status`` says below the table (table and plain formats)."""
+    grown = any(r.mode == "segment" and r.table_step and r.step not in (0, r.table_step)
+                for r in statuses)
+    return [STEP_NOTE] if grown else []
+
+
 def status_row(r: TagStatus) -> list[str]:
     """One tag's cells under :data:`STATUS_COLUMNS`."""
     return [
@@ -243,7 +284,7 @@ def status_row(r: TagStatus) -> list[str]:
         r.mode,
         f"{r.length:,}/{r.target:,}",
         f"{r.reserve_size:,}",
-        f"{r.step:,}" if r.mode == "segment" else f"w {','.join(r.worker_ids) or '-'}",
+        step_cell(r),
         "-" if r.max_id is None else str(r.max_id),
         f"{r.rate:,.1f}",
         held(r),

@@ -6,6 +6,7 @@ says its figures are not measurements; a passing test keeps no temporary directo
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -16,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from leafpool.redis.pool import Pool
-from leafpool.status import STATUS_COLUMNS
+from leafpool.cli_status import TSV_FIELDS
+from leafpool.redis.lock import RefillLock
+from leafpool.redis.pool import Pool, Range
 from tests.support import services
 from tests.support.processes import Proc, leafpool_env
 
@@ -30,7 +32,8 @@ def _bare_path(tmp_path: Path, *tools: str) -> str:
     """A PATH with only these tools: no curl, no venv (a minimal Debian's shell)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in tools:  # python3: the interpreter itself (a pyenv shim needs pyenv)
+    for tool in tools:  # python3: the interpreter itself (a version manager's shim
+        # may need the manager on PATH)
         found = str(Path(sys.executable).resolve()) if tool == "python3" else shutil.which(tool)
         if found:
             (bin_dir / tool).symlink_to(found)
@@ -92,8 +95,9 @@ def test_dev_runs_leafpool_without_a_build_backend_warning(tmp_path: Path) -> No
     assert where.stdout.strip() == str(ROOT / "leafpool" / "__init__.py"), where.stderr
 
 
-def _status(env: dict[str, str], *args: str, tty: bool = False) -> str:
-    argv = [sys.executable, "-m", "leafpool.cli", "status", *args]
+def _cli(env: dict[str, str], *args: str, tty: bool = False) -> str:
+    """``leafpool ARGS``'s output, piped or (``tty``) on a terminal."""
+    argv = [sys.executable, "-m", "leafpool.cli", *args]
     if not tty:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
@@ -115,6 +119,10 @@ def _status(env: dict[str, str], *args: str, tty: bool = False) -> str:
     return ANSI.sub("", b"".join(chunks).decode().replace("\r\n", "\n"))
 
 
+def _status(env: dict[str, str], *args: str, tty: bool = False) -> str:
+    return _cli(env, "status", *args, tty=tty)
+
+
 def test_status_piped_or_narrow_keeps_each_tag_on_one_line(
     pool: Pool, redis_url: str, tmp_path: Path
 ) -> None:
@@ -123,6 +131,12 @@ def test_status_piped_or_narrow_keeps_each_tag_on_one_line(
     for tag in tags:
         pool.register(tag, "segment", 0, last_error=error if tag == "order.long" else "",
                       last_error_ms=1_700_000_000_000 if tag == "order.long" else 0)
+    lock = RefillLock(pool.redis, pool.tag("pay").lock, 10_000)
+    assert lock.acquire()
+    pool.record("pay", target=8000, peak_rate="10", last_refill_ms=1_700_000_000_000,
+                step=4000, table_step=1000)
+    pool.append_reserve("pay", lock.token, Range(1, 20_001))
+    pool.push("pay", lock.token, Range(1, 20_001), 6614, 0)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
     env.update({"LEAFPOOL_REDIS_URL": redis_url, "COLUMNS": "60", "TERM": "xterm",
                 "LEAFPOOL_DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
@@ -131,7 +145,8 @@ def test_status_piped_or_narrow_keeps_each_tag_on_one_line(
     for out in (_status(env), _status(env, tty=True)):  # a pipe; a 60-column terminal
         lines = [line for line in out.splitlines() if line.strip()]
         assert lines[0].split()[:2] == ["tag", "mode"], out
-        rows = lines[1:]
+        assert lines[-1].startswith("step: the step allocations use now")  # pay's 4,000
+        rows = lines[1:-1]
         assert [r.split()[0] for r in rows] == tags, out  # one line a tag, nothing else
         assert error in rows[0]  # whole, not folded nor cut
         assert not any(ch in out for ch in "│┃━─"), out  # not rich's table
@@ -141,11 +156,53 @@ def test_status_piped_or_narrow_keeps_each_tag_on_one_line(
 
     tsv = _status(env, "--format", "tsv").splitlines()
     table = [line.split("\t") for line in tsv]
-    assert table[0] == list(STATUS_COLUMNS)
-    assert all(len(row) == len(STATUS_COLUMNS) for row in table)
-    by_tag = {row[0]: dict(zip(STATUS_COLUMNS, row, strict=True)) for row in table[1:]}
-    assert list(by_tag) == tags and error in by_tag["order.long"][STATUS_COLUMNS[-1]]
-    assert by_tag["pay"]["mode"] == "segment"
+    assert table[0] == list(TSV_FIELDS)
+    assert all(len(row) == len(TSV_FIELDS) for row in table)
+    by_tag = {row[0]: dict(zip(TSV_FIELDS, row, strict=True)) for row in table[1:]}
+    assert list(by_tag) == tags and error in by_tag["order.long"][TSV_FIELDS[-1]]
+    # for a script (issue 27): plain values, the JSON's, not 6,614, 15m ago or 28s+12m
+    pay = by_tag["pay"]
+    assert (pay["mode"], pay["length"], pay["target"], pay["reserve_size"]) == (
+        "segment", "6614", "8000", "13386")
+    assert (pay["step"], pay["table_step"]) == ("4000", "1000")
+    assert pay["last_refill_ms"] == "1700000000000" and pay["max_id"] == ""  # none
+    assert (pay["list_seconds"], pay["reserve_seconds"]) == ("661.4", "1338.6")
+    assert by_tag["order.long"]["last_error_ms"] == "1700000000000"
+    as_json = {st["tag"]: st for st in json.loads(_status(env, "--json"))}
+    for tag, row in by_tag.items():
+        for name, cell in row.items():
+            value = as_json[tag][name]
+            if isinstance(value, float):
+                assert float(cell) == pytest.approx(value, abs=0.001), (tag, name, cell)
+            else:
+                plain = ",".join(value) if isinstance(value, list) else value
+                assert cell == ("" if plain is None else str(plain)), (tag, name, cell)
+
+
+def test_tag_list_follows_the_rule_status_does(redis_url: str, tmp_path: Path) -> None:
+    """Plain lines when stdout is not a terminal, rich's table on a wide terminal, and the
+    same ``--format`` (issue 27: it drew a box table into a pipe)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
+    env.update({"LEAFPOOL_REDIS_URL": redis_url, "COLUMNS": "200", "TERM": "xterm",
+                "LEAFPOOL_DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+                "LEAFPOOL_HOME": os.environ["LEAFPOOL_HOME"]})
+    _cli(env, "db", "init")
+    _cli(env, "tag", "add", "order", "--step", "1000", "--description", "the orders")
+    _cli(env, "tag", "add", "orderno", "--mode", "snowflake")
+    for piped in (_cli(env, "tag", "list"), _cli(env, "tag", "list", "--format", "plain",
+                                                 tty=True)):
+        lines = piped.splitlines()
+        assert not any(ch in piped for ch in "│┃━─"), piped
+        assert lines[0].split() == ["tag", "mode", "max_id", "table", "step", "description"]
+        assert lines[1].split() == ["order", "segment", "1", "1000", "the", "orders"]
+        assert lines[2].split() == ["orderno", "snowflake", "-", "-"] and len(lines) == 3
+    wide = _cli(env, "tag", "list", tty=True)
+    assert "┃" in wide or "│" in wide
+    assert _cli(env, "tag", "list", "--format", "tsv").splitlines() == [
+        "tag\tmode\tmax_id\ttable_step\tdescription",
+        "order\tsegment\t1\t1000\tthe orders", "orderno\tsnowflake\t\t\t"]
+    assert json.loads(_cli(env, "tag", "list", "--format", "json")) == json.loads(
+        _cli(env, "tag", "list", "--json"))
 
 
 @pytest.mark.slow

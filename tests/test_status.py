@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+import redis
+
+from leafpool.core.config import Settings
 from leafpool.redis.lock import RefillLock
 from leafpool.redis.pool import Pool, Range
+from leafpool.segment.refiller import SegmentRefiller
+from leafpool.segment.store import SegmentStore
 from leafpool.status import pool_status, tag_status
+from tests.support.clocks import FakeWallClock
 
 
 def test_a_segment_tags_state_is_parsed_once(pool: Pool) -> None:
@@ -220,3 +230,58 @@ def test_leafpool_status_says_it_above_the_table_and_shows_one_tag_whole(
     assert "unreachable since 2023-11-14" in detail.stdout
     unknown = run("nope")
     assert unknown.returncode == 2 and "nope: unknown tag" in unknown.stderr
+
+
+# -- issue 27: an idle pool claims no rate; the step in use says what it grew from ---------
+
+
+def _run_cli(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "leafpool.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_pool_left_idle_by_a_previous_run_claims_no_rate(
+    pool: Pool, r: redis.Redis, make_settings: Callable[..., Settings], redis_url: str
+) -> None:
+    """As ``./dev up`` restarted finds its pools (issue 27): real refills measured 9.3
+    IDs/s an hour ago and nothing was popped since; ``leafpool status`` (a real process,
+    piped) shows no rate and no time left for it, while a pool measured now keeps its
+    rate; a step grown from the table step says so, and ``tag list`` calls its column
+    the table step."""
+    settings = make_settings(pool_floor=200, pool_seconds=10)
+    store = SegmentStore.from_url(settings.database_url)
+    store.init_schema()
+    for tag, ago in (("idle", 3600.0), ("busy", 0.0)):
+        store.add_tag(tag, step=100)
+        clock = FakeWallClock(time.time() - ago - 20)
+        refiller = SegmentRefiller(pool, store, settings, wall=clock)
+        refiller.refill(tag)
+        for _ in range(2):  # 93 IDs every 10 s: 9.3 IDs/s
+            assert len(r.lpop(f"leafpool:{{{tag}}}:ids", 93) or []) == 93
+            clock.advance(10.0)
+            refiller.refill(tag, force=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
+    env.update({"LEAFPOOL_REDIS_URL": redis_url, "LEAFPOOL_DATABASE_URL": settings.database_url,
+                "LEAFPOOL_HOME": os.environ["LEAFPOOL_HOME"], "COLUMNS": "200"})
+
+    by_tag = {st["tag"]: st for st in json.loads(_run_cli(env, "status", "--json"))}
+    idle, busy = by_tag["idle"], by_tag["busy"]
+    assert idle["measured_rate"] == pytest.approx(9.3, rel=0.01)  # what the refill said
+    assert (idle["rate"], idle["seconds_left"]) == (0.0, None)
+    assert busy["rate"] > 0 and busy["seconds_left"] is not None
+    assert idle["table_step"] == 100 and idle["step"] > 100  # grown at 9.3 IDs/s
+
+    lines = _run_cli(env, "status").splitlines()
+    header = lines[0].split("  ")
+    row = dict(zip([h.strip() for h in header if h.strip()],
+                   re.split(r"\s{2,}", lines[2]), strict=False))
+    assert lines[2].startswith("idle ") and row["pops/s"] == "0.0" and row["left"] == "-"
+    assert row["step/workers"] == f"{idle['step']:,} (table 100)", lines
+    assert lines[-1].startswith("step: the step allocations use now; it grows from the "
+                                "table step"), lines
+
+    listed = _run_cli(env, "tag", "list").splitlines()  # piped: plain lines, no box
+    assert listed[0].split() == ["tag", "mode", "max_id", "table", "step", "description"]
+    assert listed[2].split()[:2] == ["idle", "segment"] and listed[2].split()[3] == "100"

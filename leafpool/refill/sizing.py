@@ -52,6 +52,32 @@ def smooth_rate(previous: float, consumed: int, elapsed: float, alpha: float) ->
     return alpha * instant + (1 - alpha) * previous
 
 
+# -- the rate now, as status reads it (a refill measures the rate only when it runs) --------
+
+#: a rate a refill measured counts half after this many seconds; the mean consumption
+#: since the measurement counts for the rest
+RATE_HALF_LIFE_SECONDS = 10.0
+#: nothing consumed for this long since the measurement: the pool is idle, its rate 0
+IDLE_SECONDS = 60.0
+
+
+def rate_now(measured: float, consumed_since: int, elapsed: float,
+             half_life: float = RATE_HALF_LIFE_SECONDS, idle: float = IDLE_SECONDS) -> float:
+    """The consumption rate now, from the ``measured`` rate a refill recorded ``elapsed``
+    seconds ago and the IDs consumed since: 0 once nothing was consumed for ``idle``
+    seconds; else the mean since the measurement, with the measured rate weighted by
+    how recent it is (its weight halves every ``half_life``). A pool nobody pops keeps
+    no rate of a run long gone; a busy pool, refilled every few seconds, shows what it
+    is measured at."""
+    if elapsed <= 0:  # just measured (or the measuring host's clock is ahead)
+        return max(measured, 0.0)
+    consumed_since = max(consumed_since, 0)
+    if consumed_since == 0 and elapsed >= idle:
+        return 0.0
+    weight: float = 0.5 ** (elapsed / half_life)
+    return max(weight * measured + (1 - weight) * consumed_since / elapsed, 0.0)
+
+
 # -- burst sizing (docs/design.md §3.2) -----------------------------------------------------
 
 #: a drop watcher's recent rate counts for sizing this long after it was measured

@@ -100,3 +100,18 @@ def test_the_reserve_holds_the_outage_at_the_peak_rate_or_its_own_seconds() -> N
     # within the floor and ceiling
     assert reserve_target(0.0, 0.0, 60.0, 600.0, 200, 10**8) == 200
     assert reserve_target(30_000.0, 300_000.0, 60.0, 600.0, 200, 10**8) == 10**8
+
+
+def test_the_rate_now_forgets_a_measurement_nobody_pops_after() -> None:
+    """Status's rate (issue 27): the measured rate just after the refill, the mean since
+    it as the measurement ages, 0 once nothing was consumed for IDLE_SECONDS."""
+    from leafpool.refill.sizing import IDLE_SECONDS, RATE_HALF_LIFE_SECONDS, rate_now
+
+    assert rate_now(9.3, 0, 0.0) == 9.3
+    assert rate_now(9.3, 0, -5.0) == 9.3  # the refiller's clock ahead of this host's
+    assert rate_now(9.3, 0, RATE_HALF_LIFE_SECONDS) == pytest.approx(9.3 / 2)
+    assert rate_now(9.3, 0, IDLE_SECONDS) == 0.0
+    assert rate_now(9.3, 0, 3600.0) == 0.0  # a previous run's rate
+    assert rate_now(100.0, 3000, 30.0) == pytest.approx(100.0)  # still popped at 100/s
+    assert rate_now(9.3, 5, 600.0) == pytest.approx(5 / 600, rel=0.01)  # 5 pops in 10 min
+    assert rate_now(9.3, -40, 3600.0) == 0.0  # the counters went back (a re-created tag)
