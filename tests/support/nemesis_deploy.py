@@ -17,13 +17,13 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from leafpool.segment.store import SegmentStore
 from tests.support.nemesis_history import HISTORY
 from tests.support.nemesis_procs import (
     CommandProcess,
@@ -126,10 +126,14 @@ class Deployment:
             redis_master_name=MASTER_NAME, database_url=self.db.server.extra["url"],
             pop_replicas=self.cfg.pop_replicas, snowflake_mode=self.cfg.snowflake_mode,
             snowflake_cache_dir=home / "snowflake", **settings, **self.cfg.settings)
-        self._cli("db", "init")
+        # the tags in the database; the beat's tag sync at its start registers them in
+        # Redis and the refills fill them
+        store = SegmentStore.from_url(self.db.server.extra["url"])
+        store.init_schema()
         for tag in self.cfg.segment_tags:
-            self._cli("tag", "add", tag, "--step", "1000")
-        self._cli("tag", "add", self.cfg.snowflake_tag, "--mode", "snowflake")
+            store.add_tag(tag, step=1000)
+        store.add_snowflake_tag(self.cfg.snowflake_tag)
+        store.engine.dispose()
         for i in (1, 2):
             self.workers.append(CommandProcess(
                 f"worker-{i}", "worker",
@@ -148,12 +152,6 @@ class Deployment:
                                        self.env, self.logs / "http.log")
         self._start_clients()
         self._wait(self._clients_served, timeout, "every client served")
-
-    def _cli(self, *args: str) -> None:
-        done = subprocess.run([*LEAFPOOL, *args], env=self.env, cwd=ROOT, capture_output=True,
-                              text=True, timeout=120)
-        if done.returncode != 0:
-            raise RuntimeError(f"leafpool {' '.join(args)}: {done.stdout}{done.stderr}")
 
     def _start_clients(self) -> None:
         tags = [f"{t}:{m}" for t, m in self.cfg.tags.items()]
