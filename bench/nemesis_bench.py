@@ -14,8 +14,10 @@ Options: ``--seeds N`` (default 3), ``--first-seed S`` (default 1), ``--duration
 (the fault phase, default 600 s), ``--pop-replicas all|1|...`` (default ``all``, what we
 ship; ``1`` shows the stale-promotion hazard), ``--snowflake-mode zk`` (worker IDs from
 a ZooKeeper server, which is killed and paused too), ``--http`` (the HTTP service and an
-HTTP client process; the service is killed too), ``--keep DIR`` (keep each run's history,
-events and logs in DIR/seed-N; else they are removed). ``--quick``: one seed of 180 s.
+HTTP client process; the service is killed too), ``--links`` (each worker reaches
+MariaDB, and ZooKeeper, through a relay the nemesis partitions), ``--keep DIR`` (keep
+each run's history, events and logs in DIR/seed-N; else they are removed). ``--quick``:
+one seed of 180 s.
 ``--smoke`` does not start a deployment (a run takes minutes): it prints the report of a
 hand-written history, proving the checker and the tables run.
 """
@@ -61,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--http", action="store_true",
                        help="the HTTP service and one HTTP client process join (the service "
                             "is killed too)")
+    group.add_argument("--links", action="store_true",
+                       help="each worker reaches MariaDB (and ZooKeeper) through a relay the "
+                            "nemesis partitions (db-partition, zk-partition)")
     group.add_argument("--keep", type=Path, default=None,
                        help="keep each run's files in DIR/seed-N")
 
@@ -96,7 +101,7 @@ def main(console: Console, sizes: NemesisSizes | None, args: argparse.Namespace)
     for seed in range(args.first_seed, args.first_seed + seeds):
         cfg = RunConfig(seed=seed, fault_s=fault_s, heal_s=sizes.heal_s,
                         pop_replicas=args.pop_replicas, snowflake_mode=args.snowflake_mode,
-                        http=args.http)
+                        http=args.http, links=args.links)
         if args.keep is not None:
             run_dir = args.keep / f"seed-{seed}"
             if run_dir.exists():

@@ -35,6 +35,7 @@ from tests.support.nemesis_deploy import DeployConfig, Deployment
 from tests.support.nemesis_faults import (
     HTTP_KINDS,
     KINDS,
+    LINK_KINDS,
     ZK_KINDS,
     FaultKind,
     FaultSpec,
@@ -61,6 +62,7 @@ class RunConfig:
     pop_replicas: str = "all"
     snowflake_mode: str = "local"
     http: bool = False
+    links: bool = False  # workers reach MariaDB (and ZooKeeper) through relays: partitions
     pace_s: float = 0.01
     policies: tuple[str, ...] = ("wait", "wait", "reserve", "reserve")
 
@@ -70,6 +72,10 @@ class RunConfig:
             every |= ZK_KINDS
         if self.http:
             every |= HTTP_KINDS
+        if self.links:
+            every["db-partition"] = LINK_KINDS["db-partition"]
+            if self.snowflake_mode == "zk":
+                every["zk-partition"] = LINK_KINDS["zk-partition"]
         if not self.kinds:
             return every
         unknown = set(self.kinds) - set(every)
@@ -148,7 +154,7 @@ class Run:
         specs = schedule(cfg.seed, cfg.fault_s, list(kinds.values()), cfg.gap_s)
         dcfg = DeployConfig(self.run_dir, cfg.seed, cfg.pop_replicas,
                             snowflake_mode=cfg.snowflake_mode, http=cfg.http,
-                            policies=cfg.policies, pace_s=cfg.pace_s)
+                            policies=cfg.policies, pace_s=cfg.pace_s, links=cfg.links)
         write_json(self.run_dir / META, {
             "config": dataclasses.asdict(cfg), "tags": dcfg.tags,
             "snowflake_epoch_ms": LEAF_EPOCH_MS,

@@ -25,6 +25,7 @@ from typing import Any
 
 from leafpool.segment.store import SegmentStore
 from tests.support.nemesis_history import HISTORY
+from tests.support.nemesis_links import Link
 from tests.support.nemesis_procs import (
     CommandProcess,
     Managed,
@@ -77,6 +78,9 @@ class DeployConfig:
     segment_tags: tuple[str, ...] = ("seg-a", "seg-b")
     snowflake_tag: str = "sf"
     concurrency: int = 2
+    #: each worker reaches MariaDB (and ZooKeeper) through its own relay the nemesis can
+    #: partition (tests/support/nemesis_links.py)
+    links: bool = False
     settings: dict[str, Any] = field(default_factory=dict)  # more LEAFPOOL_* settings
 
     @property
@@ -102,6 +106,7 @@ class Deployment:
         self.http: CommandProcess | None = None
         self.http_url: str | None = None
         self.clients: list[CommandProcess] = []
+        self.links: list[Link] = []
         self.env: dict[str, str] = {}
 
     # -- start ---------------------------------------------------------------------------
@@ -138,7 +143,7 @@ class Deployment:
             self.workers.append(CommandProcess(
                 f"worker-{i}", "worker",
                 [*CELERY, "worker", "--loglevel=INFO", "-c", str(self.cfg.concurrency),
-                 "-n", f"nemesis{i}@%h"], self.env, self.logs / f"worker-{i}.log"))
+                 "-n", f"nemesis{i}@%h"], self._worker_env(i), self.logs / f"worker-{i}.log"))
         self.beat = CommandProcess(
             "beat", "beat", [*CELERY, "beat", "--loglevel=INFO", "-s",
                              str(self.cfg.run_dir / "beat-schedule")],
@@ -152,6 +157,22 @@ class Deployment:
                                        self.env, self.logs / "http.log")
         self._start_clients()
         self._wait(self._clients_served, timeout, "every client served")
+
+    def _worker_env(self, i: int) -> dict[str, str]:
+        """The environment of worker ``i``: with links, its database (and ZooKeeper)
+        through relays of its own."""
+        if not self.cfg.links:
+            return self.env
+        assert self.db is not None
+        db = Link(f"db-link-{i}", "db-link", self.db.server.port)
+        self.links.append(db)
+        env = {**self.env, "LEAFPOOL_DATABASE_URL": self.db.server.extra["url"].replace(
+            f":{self.db.server.port}/", f":{db.port}/")}
+        if self.zk is not None:
+            zk = Link(f"zk-link-{i}", "zk-link", self.zk.server.port)
+            self.links.append(zk)
+            env["LEAFPOOL_ZK_HOSTS"] = f"{HOST}:{zk.port}"
+        return env
 
     def _start_clients(self) -> None:
         tags = [f"{t}:{m}" for t, m in self.cfg.tags.items()]
@@ -219,6 +240,8 @@ class Deployment:
         return None
 
     def candidates(self, role: str) -> list[Managed]:
+        if role.endswith("-link"):
+            return [link for link in self.links if link.role == role]
         if role in ("master", "replica"):
             port = self.master_port()
             nodes = [p for p in self.redis if p.alive() and not p.node.paused()]
@@ -290,6 +313,8 @@ class Deployment:
         for p in [*self.workers, self.beat, self.http]:
             if p is not None:
                 p.stop()
+        for link in self.links:
+            link.stop()
         for s in (self.db, self.zk):
             if s is not None:
                 s.resume()

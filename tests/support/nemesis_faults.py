@@ -105,6 +105,12 @@ ZK_KINDS: dict[str, FaultKind] = {k.name: k for k in [
 HTTP_KINDS: dict[str, FaultKind] = {k.name: k for k in [
     FaultKind("http-kill", "http", KILL, (0.0, 3.0)),
 ]}
+#: kinds that need the links of tests/support/nemesis_links.py (a worker's connections to
+#: MariaDB, or to ZooKeeper in snowflake mode zk, through a relay the nemesis cuts)
+LINK_KINDS: dict[str, FaultKind] = {k.name: k for k in [
+    FaultKind("db-partition", "db-link", PAUSE, (5.0, 20.0)),
+    FaultKind("zk-partition", "zk-link", PAUSE, (3.0, 15.0)),
+]}
 #: the kinds whose target is the Redis master: while one is in progress and no failover
 #: completed, Redis itself cannot serve (the checker leaves those seconds out once)
 MASTER_KINDS = frozenset({"master-kill", "master-pause"})

@@ -13,6 +13,7 @@ after the heal. Availability is printed, not asserted (issue 28 item 2 is about 
 
 from __future__ import annotations
 
+import socket
 from collections import Counter
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from tests.support.nemesis_history import (
     call_record,
     write_json,
 )
+from tests.support.nemesis_links import Link
 from tests.support.nemesis_report import cause, print_report
 from tests.support.servers import NotInstalled
 
@@ -142,6 +144,35 @@ def test_the_run_files_round_trip_and_gaps_are_accounted(tmp_path: Path) -> None
     assert (report.seed, tag.calls, tag.failed, tag.handed_out) == (7, 3, 2, 4)
     assert tag.balance == 10 - (4 + 3 + 2)
     assert report.errors == {"client-0": Counter(PoolEmpty=2)}
+
+
+def test_a_partitioned_link_holds_the_bytes_and_delivers_them_when_it_mends() -> None:
+    """A link cut drops nothing: it holds what was sent either way (and a new connection)
+    until it mends, as a network partition shorter than TCP's retransmission timeout."""
+    server = socket.create_server(("127.0.0.1", 0))
+    link = Link("db-link-1", "db-link", server.getsockname()[1])
+    try:
+        client = socket.create_connection(("127.0.0.1", link.port), timeout=5)
+        upstream, _ = server.accept()
+        upstream.settimeout(5)
+        client.sendall(b"before")
+        assert upstream.recv(100) == b"before"
+        link.pause()
+        assert link.partitioned
+        client.sendall(b"during")
+        upstream.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            upstream.recv(100)
+        link.resume()
+        upstream.settimeout(5)
+        assert upstream.recv(100) == b"during"
+        upstream.sendall(b"reply")
+        assert client.recv(100) == b"reply"
+        client.close()
+        upstream.close()
+    finally:
+        link.stop()
+        server.close()
 
 
 # -- the run ---------------------------------------------------------------------------
