@@ -164,6 +164,12 @@ class Settings(BaseSettings):
     snowflake_epoch: int = Field(1288834974657, ge=0)
     snowflake_random_sequence: int = Field(100, ge=0, le=4096)
     snowflake_batch_seconds: float = Field(2.0, gt=0, le=HOUR)
+    # a snowflake tag keeps this many seconds of its recent peak demand pre-generated in
+    # its reserve (whole milliseconds, a range each), so its pool rides through every
+    # refiller paused or its source down that long; pooled IDs then lag the clock by up to
+    # about this (docs/design.md §8.7). Unset: LEAFPOOL_OUTAGE_SECONDS; 0: no reserve (a
+    # batch of LEAFPOOL_SNOWFLAKE_BATCH_SECONDS, generated at the refill)
+    snowflake_reserve_seconds: float | None = Field(None, ge=0, le=DAY)
     snowflake_max_backwards_ms: int = Field(5, ge=0, le=MAX_BACKWARDS_MS)
     snowflake_peer_skew_ms: int = Field(5_000, ge=0, le=int(HOUR * 1000))
     # also the window recorded ahead of the clock: a restart after a crash may wait it out
@@ -278,6 +284,14 @@ class Settings(BaseSettings):
         return self
 
     # -- parsed forms (validated at load; parsed once per value) ---------------------------
+
+    @property
+    def snowflake_reserve(self) -> float:
+        """Seconds of a snowflake tag's recent peak demand kept pre-generated in its
+        reserve: ``LEAFPOOL_SNOWFLAKE_RESERVE_SECONDS``, unset ``LEAFPOOL_OUTAGE_SECONDS``."""
+        if self.snowflake_reserve_seconds is None:
+            return self.outage_seconds
+        return self.snowflake_reserve_seconds
 
     @property
     def local_map(self) -> LocalMap:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import (
@@ -93,10 +94,33 @@ def parse_url(url: str) -> URL:
     return make_url(split_database_hosts(url)[0])
 
 
-def make_engine(url: str) -> Engine:
-    """An engine with short connect timeouts, so a database outage is noticed in seconds;
-    for a URL naming several hosts, one that moves to the next host when the one in use
-    fails (:mod:`leafpool.database.hosts`)."""
+@dataclass(frozen=True)
+class DriverTimeouts:
+    """The MySQL driver's timeouts, in seconds: a server that is down refuses a connect at
+    once, but a stopped one (SIGSTOP, a frozen VM, a blackholed link) accepts the TCP
+    connection in the kernel and then never answers, so only these end a call to it. A
+    call can take two of them (the pool's ping of a pooled connection, then the greeting
+    of a new one, each a read)."""
+
+    connect: float
+    read: float
+    write: float
+
+    def connect_args(self) -> dict[str, object]:
+        """``connect_args`` of a MySQL/MariaDB engine (PyMySQL's names)."""
+        return {"connect_timeout": self.connect, "read_timeout": self.read,
+                "write_timeout": self.write}
+
+
+#: the segment store's: an allocation is one short transaction, but it may wait for row
+#: locks held by other refillers and Leaf servers (docs/design.md §3.8)
+STORE_TIMEOUTS = DriverTimeouts(connect=5, read=15, write=15)
+
+
+def make_engine(url: str, timeouts: DriverTimeouts = STORE_TIMEOUTS) -> Engine:
+    """An engine with short connect timeouts, so a database outage is noticed in seconds
+    (MySQL/MariaDB: ``timeouts``); for a URL naming several hosts, one that moves to the
+    next host when the one in use fails (:mod:`leafpool.database.hosts`)."""
     url, hosts = split_database_hosts(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -114,7 +138,7 @@ def make_engine(url: str) -> Engine:
         return engine
     connect_args: dict[str, object] = {}
     if parsed.get_backend_name() == "mysql":
-        connect_args = {"connect_timeout": 5, "read_timeout": 15, "write_timeout": 15}
+        connect_args = timeouts.connect_args()
     engine = create_engine(url, pool_pre_ping=True, pool_recycle=1800,
                            connect_args=connect_args)
     if hosts:

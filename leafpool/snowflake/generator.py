@@ -218,6 +218,38 @@ class SnowflakeGenerator:
                     now = self._clock()
         return out
 
+    def next_ranges(self, n: int, max_ms: int) -> list[tuple[int, int]]:
+        """Whole milliseconds, each as the half-open range of its IDs from the sequence
+        it starts at to the last (4095): contiguous integers, strictly increasing from
+        range to range, until they hold at least ``n`` IDs or ``max_ms`` milliseconds
+        were taken (the rest of the current one first). A millisecond is one range, so a
+        reserve of millions of IDs is a few thousand ``start:end`` strings; taking ``k``
+        of them waits for ``k`` milliseconds of the clock."""
+        for name, value in (("n", n), ("max_ms", max_ms)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgument(name, value, "an integer >= 0")
+        out: list[tuple[int, int]] = []
+        held = 0
+        with self._lock:
+            now = self._clock()
+            while held < n and len(out) < max_ms:
+                if now == self._last_ms:
+                    start = self._seq + 1
+                    if start > MAX_SEQUENCE:
+                        now = self._wait_next_ms()
+                        continue
+                elif now > self._last_ms:
+                    start = self._start_ms(now)
+                else:
+                    now = self._moved_back(now)
+                    continue
+                out.append((self._base + start, self._base + IDS_PER_MS))
+                self._seq = MAX_SEQUENCE
+                self._emitted += IDS_PER_MS - start
+                held += IDS_PER_MS - start
+                now = self._clock()
+        return out
+
     # -- internals (called with the lock held) ------------------------------------------
 
     def _start_ms(self, now: int) -> int:

@@ -6,7 +6,8 @@ It claims its worker ID (refused while another session holds the lease: it print
 ``WAITING <why>`` once and tries again every 50 ms), prints ``CLAIMED <worker ID>``,
 then generates ``BATCH`` IDs every ``PAUSE_MS`` and appends each batch to OUT (8-byte
 integers) only once ``next_batch`` returned it, until ``COUNT`` IDs (then it releases the
-worker ID and prints ``DONE``) or SIGTERM. A lost lease prints ``FENCED <why>``: it
+worker ID and prints ``DONE``) or SIGTERM; a call that could not renew a lease past its
+deadline (ZooKeeper not answering) is tried again. A lost lease prints ``FENCED <why>``: it
 generates nothing more and waits to be killed. A refused clock prints ``REFUSED <why>``
 and exits 3.
 
@@ -28,7 +29,7 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from leafpool.core.config import load_settings
-from leafpool.core.errors import ClockMovedBackwards, WorkerIdUnavailable
+from leafpool.core.errors import BackendUnavailable, ClockMovedBackwards, WorkerIdUnavailable
 from leafpool.core.snowflake_layout import wall_clock_ms
 from leafpool.snowflake.registry import LeasedGenerator, open_registry, process_identity
 from leafpool.snowflake.registry.k8s import K8sRegistry
@@ -102,6 +103,9 @@ def main(out: str) -> int:
                 print(f"FENCED {exc}", flush=True)
                 stop.wait()
                 return 4
+            except BackendUnavailable:  # past its deadline the call tried a renew, and
+                stop.wait(pause)  # ZooKeeper did not answer: nothing generated, try again
+                continue
             fh.write(array("q", ids).tobytes())
             made += len(ids)
             stop.wait(pause)

@@ -6,7 +6,10 @@ reach it, checks before each push and releases on clean shutdown
 A mode supplies ``_acquire`` (take a worker ID, with the clock check of :meth:`_start`,
 or start from the cache file with :meth:`_cached_start`) and ``_write_mark``; ``_renew``,
 ``_give_back``, ``_check_live`` and ``_close`` where it does more. The base does the
-rest: the cache file, the background tick and the fencing.
+rest: the cache file, the background tick, the fencing, and the mark written ahead that
+lets a leasing holder ride through an outage of its source for as long as its lease
+runs (docs/design.md §8.1): a record covered by the mark the source already holds
+writes the cache file alone, and the tick's source I/O never holds up a record.
 """
 
 from __future__ import annotations
@@ -17,48 +20,27 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 from leafpool.core.config import Settings
-from leafpool.core.errors import (
-    BackendUnavailable,
-    ClockMovedBackwards,
-    InvalidArgument,
-    WorkerIdUnavailable,
-)
+from leafpool.core.errors import BackendUnavailable, InvalidArgument, WorkerIdUnavailable
 from leafpool.core.setting_values import validate_name
-from leafpool.core.snowflake_layout import iso_utc, validate_worker_id, wall_clock_ms
+from leafpool.core.snowflake_layout import validate_worker_id, wall_clock_ms
 from leafpool.snowflake.registry.cache import CacheFile, CacheRecord
 from leafpool.snowflake.registry.identity import safe_identity, split_identity
 from leafpool.snowflake.registry.ready import Readiness, ReadyFile, ready_dir
+from leafpool.snowflake.registry.start import Lease, Start, cached_start, clock_check
 from leafpool.snowflake.registry.timing import LeaseDeadline
 
 log = logging.getLogger(__name__)
 
+__all__ = ["HOT_WRITE_SECONDS", "BaseRegistry", "Lease", "Start"]
 
-@dataclass(frozen=True)
-class Lease:
-    """A claimed worker ID. ``last_timestamp_ms`` is the recorded high-water mark the
-    generator must stay above; ``source`` says where the ID came from (``zookeeper``,
-    ``mysql``, ``local-map``, ``local-host`` or ``cache``)."""
-
-    worker_id: int
-    last_timestamp_ms: int
-    source: str
-    identity: str
-    mode: str
-
-
-class Start(NamedTuple):
-    """What ``_acquire`` found: the worker ID, the recorded mark, the mark written at
-    the claim (``max(now, recorded)``) and where the ID came from."""
-
-    worker_id: int
-    recorded: int
-    mark: int
-    source: str
+#: how long a record that needs the source waits for it (for the lock of a source write
+#: already in flight, and a ZooKeeper write's answer; the database's driver timeouts
+#: bound a database write): a refill is never held up by a stalled source for longer
+HOT_WRITE_SECONDS = 2.0
 
 
 class BaseRegistry:
@@ -99,28 +81,41 @@ class BaseRegistry:
         self.cache = CacheFile(self.cache_dir / f"{self.safe_identity}.json")
         self.ready = ReadyFile(ready_dir(settings), self.safe_identity)
         self.token = ""
-        #: the current lease; the mark recorded for it; why it is fenced (for good)
+        #: the current lease; the mark recorded for it (the cache file's: at or above
+        #: every timestamp emitted); why it is fenced (for good)
         self.lease: Lease | None = None
         self.high_water_ms = 0
+        #: the mark the source surely holds (its writes confirmed), ahead of the clock by
+        #: up to :meth:`ahead_ms` in the leasing modes: a record at or below it writes
+        #: the cache file alone
+        self.source_mark = 0
         self.fenced: str | None = None
         #: started from the cache file: the source did not answer
         self.degraded = False
+        #: the state and the cache file (held briefly); ``_source``: one source write at
+        #: a time (the tick, a record, the claim, the release), taken before ``_io`` and
+        #: never while holding it, so a stalled source holds up no record it covers
         self._io = threading.RLock()
+        self._source = threading.Lock()
+        self.window_ms = int(settings.snowflake_report_seconds * 1000)
         self._ticker: tuple[threading.Thread, threading.Event] | None = None
 
     # -- the contract -------------------------------------------------------------------
 
     def claim(self) -> Lease:
         """Get a worker ID for this identity (or raise); idempotent while held."""
-        with self._io:
+        if self.lease is not None and self.fenced is None:
+            return self.lease
+        self._stop_ticker()
+        with self._source, self._io:
             if self.lease is not None and self.fenced is None:
                 return self.lease
-            self._stop_ticker()
             self.lease, self.fenced, self.degraded = None, None, False
             self.token = secrets.token_hex(8)
             try:
                 start = self._acquire(self.read_cache())
                 validate_worker_id(start.worker_id)
+                self.source_mark = start.mark if start.durable is None else start.durable
                 self._write_cache(start.worker_id, start.mark)
             except BaseException:
                 self._close()
@@ -148,19 +143,76 @@ class BaseRegistry:
             thread.start()
         return lease
 
+    def ahead_ms(self) -> int:
+        """How far ahead of the clock a write to the source records the mark. Leasing
+        modes: the time the holder may use its lease after a renew before it fences
+        itself, plus the generator's window, so every record made while the lease runs
+        is covered and needs no source write (docs/design.md §8.1); 0 in the others."""
+        if not self.leased:
+            return 0
+        return int(self.deadline.fence_after_s * 1000) + self.window_ms
+
     def record_high_water(self, ms: int) -> None:
-        """Make ``ms`` durable as the worker ID's high-water mark (never lowered)."""
+        """Make ``ms`` durable as the worker ID's high-water mark (never lowered): in the
+        cache file, and in the source unless the mark it holds covers ``ms`` already (a
+        write then records ``max(ms, now + ahead_ms())``)."""
         if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
             raise InvalidArgument("ms", ms, "a timestamp in ms since 1970 (integer >= 0)")
         with self._io:
             self.check()
-            lease = self.lease
-            assert lease is not None
             if ms <= self.high_water_ms:
                 return
-            self._write_mark(lease, ms)
+            if ms <= self.source_mark or self._cache_stands_in():
+                self._raise_high_water(ms)
+                return
+        if not self._source.acquire(timeout=HOT_WRITE_SECONDS):
+            self._source_busy(ms)
+            return
+        try:
+            with self._io:
+                self.check()
+                lease = self.lease
+                assert lease is not None
+                covered = ms <= max(self.high_water_ms, self.source_mark)
+            if not covered:
+                target = max(ms, self.clock() + self.ahead_ms(), self.source_mark)
+                self._write_mark(lease, target)
+                with self._io:
+                    self.source_mark = max(self.source_mark, target)
+            with self._io:
+                self.check()
+                self._raise_high_water(ms)
+        finally:
+            self._source.release()
+
+    def renew_now(self) -> None:
+        """Renew the lease in the caller's thread, once its deadline has passed (the
+        source may answer again before the next tick): :class:`BackendUnavailable` while
+        the source does not answer, :class:`WorkerIdUnavailable` when the renew finds
+        the worker ID taken over (fenced)."""
+        if not self._round(raising=True):
+            raise BackendUnavailable(f"{self.identity}: {self.mode}: the lease could not be "
+                                     "renewed (the source is not connected)")
+
+    def _raise_high_water(self, ms: int) -> None:
+        """With ``_io`` held: ``ms`` is the mark, in the cache file (fsynced)."""
+        lease = self.lease
+        assert lease is not None
+        if ms > self.high_water_ms:
             self.high_water_ms = ms
             self._write_cache(lease.worker_id, ms)
+
+    def _cache_stands_in(self) -> bool:
+        """The cache file alone may record a mark now (mode ``zk`` while ZooKeeper does
+        not answer: synced by the tick once it does)."""
+        return False
+
+    def _source_busy(self, ms: int) -> None:
+        """A record found another source write in flight for :data:`HOT_WRITE_SECONDS`
+        (a stalled source): raise, unless the cache file may stand in."""
+        raise BackendUnavailable(
+            f"{self.identity}: {self.mode}: high-water {ms} not recorded: a write to the "
+            f"source has not returned for {HOT_WRITE_SECONDS:.0f}s (the source is stalled)")
 
     def check(self) -> None:
         """Raise :class:`WorkerIdUnavailable` unless the lease is held right now."""
@@ -177,7 +229,7 @@ class BaseRegistry:
         ``max(last_emitted_ms, now)``: the window recorded ahead is not needed any more,
         so a quick restart is not refused by its own window."""
         self._stop_ticker()
-        with self._io:
+        with self._source, self._io:
             lease = self.lease
             if lease is None:
                 return
@@ -188,8 +240,8 @@ class BaseRegistry:
             try:
                 if self.fenced is None:
                     self._give_back(lease, final)
+                    self.high_water_ms = self.source_mark = final
                     self._write_cache(lease.worker_id, final, lease_until=0)
-                    self.high_water_ms = final
             finally:
                 self.lease = None
                 self._close()
@@ -206,19 +258,37 @@ class BaseRegistry:
             self.publish_ready()
 
     def _tick(self) -> None:
-        with self._io:
-            lease = self.lease
-            if lease is None or self.fenced is not None:
-                return
-            ts = max(self.clock(), self.high_water_ms)
+        self._round(raising=False)
+
+    def _round(self, raising: bool) -> bool:
+        """Report the clock to the source (a renew in the leasing modes), recording the
+        mark ``ahead_ms()`` ahead, then the clock to the cache file. The source write
+        holds ``_source`` only: a record it does not concern goes on meanwhile. False:
+        the mode skipped the round (not connected)."""
+        with self._source:
+            with self._io:
+                lease = self.lease
+                if lease is None or self.fenced is not None:
+                    if raising:
+                        self.check()
+                    return True
+                now = self.clock()
+                target = max(now + self.ahead_ms(), self.high_water_ms, self.source_mark)
             try:
-                if not self._renew(lease, ts):
-                    return
+                if not self._renew(lease, target):
+                    return False
             except BackendUnavailable as exc:
+                if raising:
+                    raise
                 log.warning("%s: renew failed: %s", self.identity, exc)
-                return
-            self.high_water_ms = ts
-            self._write_cache(lease.worker_id, ts)
+                return False
+            with self._io:
+                if self.lease is not lease or self.fenced is not None:
+                    return True
+                self.source_mark = max(self.source_mark, target)
+                self.high_water_ms = max(now, self.high_water_ms)
+                self._write_cache(lease.worker_id, self.high_water_ms)  # and the lease's end
+            return True
 
     def publish_ready(self) -> None:
         """Refresh the readiness file while the lease is held; remove it when not."""
@@ -246,11 +316,13 @@ class BaseRegistry:
         raise NotImplementedError
 
     def _write_mark(self, lease: Lease, ms: int) -> None:
-        """Durably record ``ms`` in the source (raise if that is not possible)."""
+        """Durably record ``ms`` in the source (raise if that is not possible): a
+        record's write, within :data:`HOT_WRITE_SECONDS` or the driver's timeouts."""
         raise NotImplementedError
 
     def _renew(self, lease: Lease, ms: int) -> bool:
-        """The background round's write of ``ms`` (False: skip this round)."""
+        """The background round's write of ``ms`` (False: skip this round); it may
+        wait longer than a record's."""
         self._write_mark(lease, ms)
         return True
 
@@ -269,62 +341,13 @@ class BaseRegistry:
     def _start(
         self, worker_id: int, recorded: int, where: str, cached: CacheRecord | None, source: str
     ) -> Start:
-        """The claim's clock check: the recorded mark is the larger of the source's
-        (``recorded``, kept in ``where``) and the cache file's. A clock behind it is
-        refused, unless it passes it within ``start_wait_ms``, which is waited out."""
-        if cached is not None and cached.last_timestamp > recorded:
-            recorded, where = cached.last_timestamp, f"the cache file {self.cache.path}"
-        now = self.clock()
-        if 0 < recorded - now <= self.start_wait_ms:
-            log.warning(
-                "%s: worker %d: clock is %d ms behind the timestamp recorded in %s; "
-                "waiting for it to pass",
-                self.identity,
-                worker_id,
-                recorded - now,
-                where,
-            )
-            deadline = self.monotonic() + 2 * self.start_wait_ms / 1000 + 1
-            while now < recorded and self.monotonic() <= deadline:
-                self.sleep((recorded - now) / 1000)
-                now = self.clock()
-        if now < recorded:
-            exc = ClockMovedBackwards(worker_id, recorded - now)
-            exc.args = (
-                f"worker {worker_id}: clock moved backwards by {recorded - now} ms: the local "
-                f"clock {now} ({iso_utc(now)}) is behind the timestamp {recorded} "
-                f"({iso_utc(recorded)}) recorded in {where}; refusing to start (fix the "
-                "clock, or wait until it passes)",
-            )
-            log.error("%s: %s", self.identity, exc)
-            raise exc
-        return Start(worker_id, recorded, max(now, recorded), source)
+        """The claim's clock check (:func:`~leafpool.snowflake.registry.start.clock_check`)."""
+        return clock_check(self, worker_id, recorded, where, cached, source)
 
     def _cached_start(self, reason: str, cause: BaseException, cached: CacheRecord | None) -> Start:
-        """The source is unreachable: start from the cache file, with the clock check
-        (leasing modes: only while the cached lease surely runs, which it then does)."""
-        if cached is None:
-            raise WorkerIdUnavailable(
-                f"{self.identity}: {reason}, and there is no cache file {self.cache.path} "
-                "to start from"
-            ) from cause
-        validate_worker_id(cached.worker_id)
-        if self.leased:
-            now = self.clock()
-            if now >= cached.lease_until:
-                raise WorkerIdUnavailable(
-                    f"{self.identity}: {reason}; the cached lease of worker "
-                    f"{cached.worker_id} is not held any more (lease_until "
-                    f"{cached.lease_until}, now {now}): in mode {self.mode} another "
-                    "process may own it now, so the cache cannot be used"
-                ) from cause
-            self.deadline.resume(cached.lease_until, now)
-        where = f"the cache file {self.cache.path}"
-        start = self._start(cached.worker_id, cached.last_timestamp, where, None, "cache")
-        self.token = cached.token or self.token
-        self.degraded = True
-        log.warning("%s: %s; starting from the cache file", self.identity, reason)
-        return start  # the claim logs the worker ID and the last timestamp
+        """The source is unreachable: start from the cache file
+        (:func:`~leafpool.snowflake.registry.start.cached_start`)."""
+        return cached_start(self, reason, cause, cached)
 
     def _fence(self, reason: str) -> None:
         if self.fenced is None:
@@ -371,5 +394,6 @@ class BaseRegistry:
                 lease_until=self.deadline.until_wall if lease_until is None else lease_until,
                 updated_at=self.clock(),
                 pid=os.getpid(),
+                source_mark=self.source_mark,
             )
         )

@@ -27,6 +27,10 @@ class CacheRecord:
     lease_until: int = 0  # ms: leased modes, until when the lease is surely ours (0: none)
     updated_at: int = 0  # ms, the writer's clock
     pid: int = 0  # the writing process
+    #: ms: the mark the source surely held when this was written (leasing modes: recorded
+    #: ahead of the clock, docs/design.md §8.1); a start from this file may use the
+    #: timestamps up to it while its cached lease runs. 0: unknown (an older file)
+    source_mark: int = 0
 
     def writer_gone(self) -> bool:
         """True when the process that wrote this record is not running any more (on

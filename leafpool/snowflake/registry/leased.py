@@ -1,8 +1,11 @@
 """A snowflake generator bound to a worker-ID lease: the caller's side of the registry
 contract (:mod:`leafpool.snowflake.registry.base`) in one object. The IDs
-:meth:`LeasedGenerator.next_batch` returns may be pushed: the recorded mark covers them
-(written ``window_ms`` ahead, about once a window), so a restarted or reclaimed worker ID
-starts above them.
+:meth:`LeasedGenerator.next_batch` (and the ranges :meth:`LeasedGenerator.next_ranges`)
+returns may be pushed: the recorded mark covers them (written ``window_ms`` ahead, about
+once a window), so a restarted or reclaimed worker ID starts above them. A lease whose
+deadline passed while its source was down is renewed here, in the caller's thread, so
+generation resumes at the first call after the source answers again, not at the next
+background tick.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from leafpool.core.config import Settings
-from leafpool.core.errors import LeafpoolError
+from leafpool.core.errors import LeafpoolError, WorkerIdUnavailable
 from leafpool.core.snowflake_layout import wall_clock_ms
 from leafpool.snowflake.generator import SnowflakeGenerator
 from leafpool.snowflake.registry.base import BaseRegistry, Lease
@@ -110,17 +113,43 @@ class LeasedGenerator:
     def next_batch(self, n: int) -> list[int]:
         """``n`` IDs, the recorded mark covering their timestamps (a window ahead)."""
         with self._lock:
-            if self.generator is None:
-                self.start()
-            assert self.generator is not None
-            self.registry.check()
-            ids = self.generator.next_batch(n)
-            last = self.generator.last_timestamp_ms
-            if last is not None and last > self._recorded:
-                self.registry.record_high_water(last + self.window_ms)
-                self._recorded = last + self.window_ms
-            self.registry.check()
+            generator = self._live()
+            ids = generator.next_batch(n)
+            self._record(generator)
             return ids
+
+    def next_ranges(self, n: int, max_ms: int) -> list[tuple[int, int]]:
+        """Whole milliseconds as half-open ranges of IDs (at least ``n`` IDs, at most
+        ``max_ms`` ranges: :meth:`SnowflakeGenerator.next_ranges`), the recorded mark
+        covering them."""
+        with self._lock:
+            generator = self._live()
+            ranges = generator.next_ranges(n, max_ms)
+            self._record(generator)
+            return ranges
+
+    def _live(self) -> SnowflakeGenerator:
+        """The generator, once the lease is surely held: claimed if it was not, renewed
+        now if its deadline passed (the source down meanwhile: BackendUnavailable)."""
+        if self.generator is None:
+            self.start()
+        assert self.generator is not None
+        registry = self.registry
+        try:
+            registry.check()
+        except WorkerIdUnavailable:
+            if registry.lease is None or registry.fenced is not None or not registry.leased:
+                raise
+            registry.renew_now()
+            registry.check()
+        return self.generator
+
+    def _record(self, generator: SnowflakeGenerator) -> None:
+        last = generator.last_timestamp_ms
+        if last is not None and last > self._recorded:
+            self.registry.record_high_water(last + self.window_ms)
+            self._recorded = last + self.window_ms
+        self.registry.check()
 
     def next_id(self) -> int:
         return self.next_batch(1)[0]

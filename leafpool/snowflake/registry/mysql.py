@@ -34,13 +34,25 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from leafpool.core.config import Settings, hide_password
 from leafpool.core.errors import BackendUnavailable, ConfigurationError, WorkerIdUnavailable
 from leafpool.core.snowflake_layout import MAX_WORKER_ID
-from leafpool.database.engine import ddl_statement, make_engine, parse_url, transaction
+from leafpool.database.engine import (
+    DriverTimeouts,
+    ddl_statement,
+    make_engine,
+    parse_url,
+    transaction,
+)
 from leafpool.snowflake.registry.base import BaseRegistry, Lease, Start
 from leafpool.snowflake.registry.cache import CacheRecord
 
 log = logging.getLogger(__name__)
 
 CLAIM_ATTEMPTS = 5
+
+#: the registry's driver timeouts: its statements touch one row (or the table's 1,023 at
+#: a claim), so a database that has not answered in two seconds is down or stopped, and a
+#: record or renew fails in seconds instead of holding a refill up (a call may take two
+#: reads: the pool's ping, then a new connection's greeting)
+REGISTRY_TIMEOUTS = DriverTimeouts(connect=2, read=2, write=2)
 
 #: NotFound9's DDL (columns, types and index unchanged), without its DROP TABLE.
 DDL = ddl_statement("mysql", "leaf_workerid_alloc")
@@ -81,7 +93,7 @@ class MySqlRegistry(BaseRegistry):
                     hide_password(url),
                     "snowflake mode mysql needs a MySQL/MariaDB URL (mysql+pymysql://...)",
                 )
-            engine = make_engine(url)
+            engine = make_engine(url, REGISTRY_TIMEOUTS)
         self.engine = engine
         self.create_table = create_table
         self.lease_db_s = max(1, math.ceil(settings.snowflake_lease_seconds))
@@ -213,18 +225,10 @@ class MySqlRegistry(BaseRegistry):
         return True
 
     def _write_mark(self, lease: Lease, ms: int) -> None:
-        try:
-            self._renew(lease, ms)
-        except BackendUnavailable:
-            if not self.degraded:
-                raise
-            self.check()  # within the cached lease: the cache file holds the mark
-            log.warning(
-                "%s: worker %d: high-water %d recorded in the cache file only (MySQL unreachable)",
-                self.identity,
-                lease.worker_id,
-                ms,
-            )
+        """A record beyond the mark the row holds: raise it and renew (MySQL unreachable:
+        :class:`BackendUnavailable`; records the row's mark covers need no write, which
+        is how the holder rides through an outage while its lease runs)."""
+        self._renew(lease, ms)
 
     def _give_back(self, lease: Lease, final_ms: int) -> None:
         try:

@@ -22,7 +22,7 @@ from kazoo.protocol.states import KazooState, ZnodeStat
 from leafpool.core.config import Settings
 from leafpool.core.errors import BackendUnavailable, WorkerIdUnavailable
 from leafpool.core.snowflake_layout import MAX_WORKER_ID
-from leafpool.snowflake.registry.base import Lease, Start
+from leafpool.snowflake.registry.base import HOT_WRITE_SECONDS, Lease, Start
 from leafpool.snowflake.registry.cache import CacheRecord
 from leafpool.snowflake.registry.zk_common import (
     KAZOO_ERRORS,
@@ -42,7 +42,6 @@ class RecycleRegistry(ZooKeeperRegistry):
         super().__init__(settings, identity, **kwargs)
         self.lease_dir = f"/snowflake/{self.name}/recycle/lease"
         self.hw_dir = f"/snowflake/{self.name}/recycle/hw"
-        self._suspended_at: float | None = None
         self._session_id: int | None = None  # the session holding our lease node
 
     def lease_path(self, worker_id: int) -> str:
@@ -64,7 +63,6 @@ class RecycleRegistry(ZooKeeperRegistry):
         """Before a claim: the lease is the session ZooKeeper granted; watch its state."""
         assert self.session is not None
         self.deadline.lease_s = self.session.timeout_s
-        self._suspended_at = None
         client.add_listener(self._on_state)
         client.ensure_path(self.lease_dir)
         client.ensure_path(self.hw_dir)
@@ -120,38 +118,39 @@ class RecycleRegistry(ZooKeeperRegistry):
     def _on_state(self, state: str) -> None:
         """kazoo's connection thread: must not block."""
         if state == KazooState.SUSPENDED:
-            self._suspended_at = self.monotonic()
-            log.warning("%s: ZooKeeper connection suspended; generation stops", self.identity)
+            log.warning("%s: ZooKeeper connection suspended; generating on the lease, which "
+                        "runs until %d", self.identity, self.deadline.until_wall)
         elif state == KazooState.LOST:
             self._fence("ZooKeeper session lost: the lease node is gone")
 
     def _check_live(self, who: str) -> None:
-        """Fenced while the connection is not CONNECTED, was SUSPENDED since the last
-        renew, or the session changed; then the lease deadline."""
+        """Fenced once the session is lost or changed; then the lease deadline. A
+        SUSPENDED connection does not stop generation: the session (the lease) outlives
+        the deadline, and every record beyond the mark the node holds needs a write
+        (docs/design.md §8.3)."""
         client = self.client
         if client is None:
             raise WorkerIdUnavailable(f"{who}: not connected")
-        if client.state != KazooState.CONNECTED:
-            raise WorkerIdUnavailable(
-                f"{who}: ZooKeeper connection {client.state}; self-fenced until the lease "
-                "is confirmed"
-            )
-        if (client.client_id[0] if client.client_id else None) != self._session_id:
+        if client.client_id is not None and client.client_id[0] != self._session_id:
             self._fence("the ZooKeeper session changed (the old one expired)")
             self.check()
-        if self._suspended_at is not None and self._suspended_at >= self.deadline.last_ok:
-            raise WorkerIdUnavailable(
-                f"{who}: connection was suspended; self-fenced until the next renew succeeds"
-            )
         self.deadline.check(who)
 
     # -- writes -------------------------------------------------------------------------
 
     def _write_mark(self, lease: Lease, ms: int) -> None:
-        """One transaction: our lease node exists and the mark is still at our version."""
-        client = self.client
+        """A record beyond the mark the node holds, within :data:`HOT_WRITE_SECONDS`;
+        ZooKeeper not connected: :class:`BackendUnavailable` at once."""
+        client = self._connected()
         if client is None:
-            raise WorkerIdUnavailable(f"{self.identity}: not connected")
+            state = self.client.state if self.client is not None else "closed"
+            raise BackendUnavailable(
+                f"{self.identity}: worker {lease.worker_id}: high-water {ms} not recorded: "
+                f"ZooKeeper connection {state}")
+        self._write_tx(client, lease, ms, min(self.op_timeout_s, HOT_WRITE_SECONDS))
+
+    def _write_tx(self, client: KazooClient, lease: Lease, ms: int, timeout_s: float) -> None:
+        """One transaction: our lease node exists and the mark is still at our version."""
         lease_path, hw_path = self.lease_path(lease.worker_id), self.hw_path(lease.worker_id)
 
         def write() -> ZnodeStat:
@@ -160,7 +159,7 @@ class RecycleRegistry(ZooKeeperRegistry):
             tx.set_data(hw_path, self._data(ms, identity=self.identity), version=self._version)
             with self.deadline.renewing():
                 try:
-                    lease_ok, hw = self._wait(tx.commit_async())
+                    lease_ok, hw = self._wait(tx.commit_async(), timeout_s)
                 except KAZOO_ERRORS as exc:
                     raise BackendUnavailable(
                         f"{self.identity}: worker {lease.worker_id}: ZooKeeper write failed: "
@@ -173,14 +172,14 @@ class RecycleRegistry(ZooKeeperRegistry):
                     raise hw if isinstance(hw, BadVersionError) else BadVersionError(repr(hw))
             return hw
 
-        self._write_versioned(hw_path, write, "the next holder")
+        self._write_versioned(hw_path, write, "the next holder", timeout_s)
 
     def _renew(self, lease: Lease, ms: int) -> bool:
         """A versioned write proves the session and the lease are ours."""
-        client = self.client
-        if client is None or client.state != KazooState.CONNECTED:
+        client = self._connected()
+        if client is None:
             return False
-        self._write_mark(lease, ms)
+        self._write_tx(client, lease, ms, self.op_timeout_s)
         return True
 
     def _give_back(self, lease: Lease, final_ms: int) -> None:

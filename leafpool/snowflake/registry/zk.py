@@ -22,12 +22,12 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
-from kazoo.protocol.states import KazooState, ZnodeStat
+from kazoo.protocol.states import ZnodeStat
 
 from leafpool.core.config import Settings
 from leafpool.core.errors import BackendUnavailable, WorkerIdUnavailable
 from leafpool.core.snowflake_layout import MAX_WORKER_ID
-from leafpool.snowflake.registry.base import Lease, Start
+from leafpool.snowflake.registry.base import HOT_WRITE_SECONDS, Lease, Start
 from leafpool.snowflake.registry.cache import CacheRecord
 from leafpool.snowflake.registry.zk_common import (
     KAZOO_ERRORS,
@@ -194,21 +194,19 @@ class ZkRegistry(ZooKeeperRegistry):
 
     # -- running ------------------------------------------------------------------------
 
-    def _connected(self) -> KazooClient | None:
-        client = self.client
-        return client if client is not None and client.state == KazooState.CONNECTED else None
-
-    def _write_forever(self, client: KazooClient, ts: int) -> bool:
+    def _write_forever(self, client: KazooClient, ts: int, timeout_s: float | None = None
+                       ) -> bool:
         """Versioned write of the forever node. False when ZooKeeper did not answer;
         fences (and raises) when another process wrote it."""
         path = self.node_path
         assert path is not None
 
         def write() -> ZnodeStat:
-            return self._wait(client.set_async(path, self._data(ts), version=self._version))
+            return self._wait(client.set_async(path, self._data(ts), version=self._version),
+                              timeout_s)
 
         try:
-            self._write_versioned(path, write, "another process")
+            self._write_versioned(path, write, "another process", timeout_s)
         except KAZOO_ERRORS as exc:
             log.warning(
                 "%s: writing %s failed (%r); kept in the cache file", self.identity, path, exc
@@ -217,16 +215,40 @@ class ZkRegistry(ZooKeeperRegistry):
         return True
 
     def _write_mark(self, lease: Lease, ms: int) -> None:
+        """A record: the forever node within :data:`HOT_WRITE_SECONDS`, else the cache
+        file alone until the tick syncs it (ZooKeeper is a weak dependency here)."""
         client = self._connected()
-        if client is None or not self._write_forever(client, ms):
+        timeout = min(self.op_timeout_s, HOT_WRITE_SECONDS)
+        if client is None or not self._write_forever(client, ms, timeout):
+            self._cache_only(lease.worker_id, ms)
+
+    def _cache_stands_in(self) -> bool:
+        """Once a record found ZooKeeper unreachable (or a tick could not sync), the
+        cache file alone takes the records until a tick syncs the mark: a record waits
+        for no stalled server."""
+        if self._connected() is None:
             self.pending_sync = True
+        return self.pending_sync
+
+    def _source_busy(self, ms: int) -> None:
+        """A tick's write to a stalled ZooKeeper holds the source: the cache file."""
+        with self._io:
+            self.check()
+            lease = self.lease
+            assert lease is not None
+            self._cache_only(lease.worker_id, ms)
+            self._raise_high_water(ms)
+
+    def _cache_only(self, worker_id: int, ms: int) -> None:
+        if not self.pending_sync:
             log.warning(
                 "%s: worker %d: high-water %d recorded in the cache file only "
                 "(ZooKeeper unreachable; synced when it answers)",
                 self.identity,
-                lease.worker_id,
+                worker_id,
                 ms,
             )
+        self.pending_sync = True
 
     def tick(self) -> None:
         """Started from the cache: try ZooKeeper again first. The connect attempt runs
@@ -235,7 +257,7 @@ class ZkRegistry(ZooKeeperRegistry):
         if lease is not None and self.fenced is None and self.degraded:
             with contextlib.suppress(BackendUnavailable):  # still unreachable: next tick
                 client, info = self._connect(min(2.0, self.connect_timeout_s))
-                with self._io:
+                with self._source, self._io:
                     if self.lease is lease and self.degraded:
                         self._reconnect(lease, client, info)
                     else:
@@ -255,8 +277,9 @@ class ZkRegistry(ZooKeeperRegistry):
             return False  # nothing more is written
         except (WorkerIdUnavailable, *KAZOO_ERRORS) as exc:  # the next tick tries again
             log.warning("%s: report to %s failed: %r", self.identity, self.temp_path, exc)
-        if self._write_forever(client, ms):
-            self.pending_sync = False
+        # synced: records go to ZooKeeper again; not: to the cache file alone until a
+        # tick syncs (a stalled server would hold up every record otherwise)
+        self.pending_sync = not self._write_forever(client, ms)
         return True
 
     def _reconnect(self, lease: Lease, client: KazooClient, info: SessionInfo) -> None:

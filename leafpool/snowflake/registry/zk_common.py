@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
-from kazoo.protocol.states import ZnodeStat
+from kazoo.protocol.states import KazooState, ZnodeStat
 from kazoo.retry import KazooRetry
 
 from leafpool.core.config import Settings
@@ -115,9 +115,14 @@ class ZooKeeperRegistry(BaseRegistry):
             return max(0.5, self.deadline.fence_after_s / 2)
         return min(10.0, self.settings.snowflake_lease_seconds)
 
-    def _wait(self, result: IAsyncResult) -> Any:
-        """The result of an asynchronous kazoo call, within :attr:`op_timeout_s`."""
-        return result.get(timeout=self.op_timeout_s)
+    def _wait(self, result: IAsyncResult, timeout_s: float | None = None) -> Any:
+        """The result of an asynchronous kazoo call, within ``timeout_s`` (default
+        :attr:`op_timeout_s`)."""
+        return result.get(timeout=self.op_timeout_s if timeout_s is None else timeout_s)
+
+    def _connected(self) -> KazooClient | None:
+        client = self.client
+        return client if client is not None and client.state == KazooState.CONNECTED else None
 
     def _connect(self, timeout_s: float | None = None) -> tuple[KazooClient, SessionInfo]:
         """A started kazoo client, or :class:`BackendUnavailable`."""
@@ -162,7 +167,8 @@ class ZooKeeperRegistry(BaseRegistry):
     def _unreachable(self, exc: BackendUnavailable, cached: CacheRecord | None) -> Start:
         return self._cached_start(f"ZooKeeper unreachable ({exc})", exc, cached)
 
-    def _write_versioned(self, path: str, write: Callable[[], ZnodeStat], other: str) -> None:
+    def _write_versioned(self, path: str, write: Callable[[], ZnodeStat], other: str,
+                         timeout_s: float | None = None) -> None:
         """``write`` sets the mark node ``path`` at our last version. A BadVersion means
         someone wrote it since, unless that was our own earlier write which timed out
         here yet landed (the node holds our token): then its version is adopted and the
@@ -175,7 +181,7 @@ class ZooKeeperRegistry(BaseRegistry):
             except BadVersionError:
                 raw, stat = None, None
                 with contextlib.suppress(*KAZOO_ERRORS):
-                    raw, stat = self._wait(self.client.get_async(path))
+                    raw, stat = self._wait(self.client.get_async(path), timeout_s)
                 if stat is not None and load(raw).get("token") == self.token:
                     self._version = stat.version  # our own write landed: adopt its version
                     continue

@@ -72,10 +72,14 @@ def test_claim_records_the_start_in_the_source_and_the_cache_file(backend: Backe
     assert cached["identity"] == "host-a:w:0" and cached["token"] == reg.token
     assert backend.mark(reg, lease.worker_id) == now
     reg.record_high_water(now + 3_000)
-    assert backend.mark(reg, lease.worker_id) == now + 3_000
+    # the leasing modes record the mark ahead, covering the lease (docs/design.md §8.1)
+    recorded = max(now + 3_000, now + reg.ahead_ms())
+    assert reg.ahead_ms() == (7_000 if backend.mode == "zk_recycle" else
+                              23_000 if backend.mode == "mysql" else 0)
+    assert backend.mark(reg, lease.worker_id) == recorded
     assert json.loads(reg.cache.path.read_text())["last_timestamp"] == now + 3_000
     reg.record_high_water(now + 1_000)  # never lowered
-    assert backend.mark(reg, lease.worker_id) == now + 3_000
+    assert backend.mark(reg, lease.worker_id) == recorded
     assert reg.high_water_ms == now + 3_000
     leftovers = [
         p.name for p in reg.cache.path.parent.iterdir() if not p.name.endswith((".json", ".lock"))
@@ -124,7 +128,7 @@ def test_tick_reports_the_clock_to_the_source_and_the_cache_file(backend: Backen
     worker_id = reg.claim().worker_id
     clock.advance(3_000)
     reg.tick()
-    assert backend.mark(reg, worker_id) == clock.now
+    assert backend.mark(reg, worker_id) == clock.now + reg.ahead_ms()  # the lease covered
     assert json.loads(reg.cache.path.read_text())["last_timestamp"] == clock.now
     reg.check()  # a renew, in the leasing modes
 
@@ -337,10 +341,10 @@ def test_a_write_of_ours_that_landed_after_its_timeout_is_adopted(backend: Any) 
     backend.zk.set(path, json.dumps({**backend.data(path), "timestamp": now + 1_000}).encode())
     reg.record_high_water(now + 2_000)
     assert reg.fenced is None
-    assert backend.mark(reg, worker_id) == now + 2_000
+    assert backend.mark(reg, worker_id) == reg.source_mark >= now + 2_000
     backend.take_over(reg, worker_id)  # the same after another process's write: fenced
     with pytest.raises(WorkerIdUnavailable):
-        reg.record_high_water(now + 3_000)
+        reg.record_high_water(reg.source_mark + 1)  # beyond the mark: a write
     assert reg.fenced is not None
 
 

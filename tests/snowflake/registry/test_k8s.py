@@ -113,9 +113,12 @@ def test_a_lost_session_fences_and_withdraws_readiness(make: Any, zk_hosts: str)
     states = StateLog(pod.client)
     expire_session(pod.client, zk_hosts)
     states.wait_for("LOST")
+    # kazoo calls the listeners in no set order: the registry's fences (and withdraws the
+    # file, from kazoo's thread) around when the test's own hears LOST
+    services.wait_until(lambda: pod.fenced is not None, 10, "fenced")
     with pytest.raises(WorkerIdUnavailable):
         pod.check()
-    assert not pod.ready.path.exists()
+    services.wait_until(lambda: not pod.ready.path.exists(), 10, "readiness withdrawn")
     pod.tick()  # a renew round of a fenced holder publishes nothing
     assert not pod.ready.path.exists()
 
@@ -138,7 +141,9 @@ def test_probe_snowflake_reads_fresh_files_only(make: Any, tmp_path: Path) -> No
     assert done.returncode == 1 and "lease not confirmed since" in done.stderr
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
-    pod.ready.path.write_text(json.dumps({**record, "pid": int(dead.stdout)}))
+    # fresh, but its process gone (a fresh until: the probes above take seconds each)
+    fresh = wall_clock_ms() + 60_000
+    pod.ready.path.write_text(json.dumps({**record, "pid": int(dead.stdout), "until_ms": fresh}))
     done = _probe_cli(pod.settings, tmp_path)
     assert done.returncode == 1 and "gone" in done.stderr
     pod.tick()  # the next renew round rewrites it

@@ -80,12 +80,14 @@ def test_claim_creates_the_table_and_a_row_per_identity(my: MySqlBackend) -> Non
 def test_record_high_water_never_lowers_and_renews(my: MySqlBackend) -> None:
     a = my.open("host-a:w:0")
     a.claim()
+    far = wall_clock_ms() + 3_600_000
     my.execute(
-        "UPDATE leaf_workerid_alloc SET update_time = NOW() - INTERVAL 20 SECOND, max_timestamp = 5"
+        "UPDATE leaf_workerid_alloc SET update_time = NOW() - INTERVAL 20 SECOND, "
+        f"max_timestamp = {far}"
     )
-    a.high_water_ms = 0  # a stale in-process mark: the database keeps the larger value
-    a.record_high_water(3)
-    assert my.rows()[1]["max_timestamp"] == 5
+    a.high_water_ms = a.source_mark = 0  # stale in-process marks: a write, and the
+    a.record_high_water(3)  # database keeps the larger value
+    assert my.rows()[1]["max_timestamp"] == far
     with my.db.connect() as conn:
         age = conn.execute(
             text("SELECT TIMESTAMPDIFF(SECOND, update_time, NOW()) FROM leaf_workerid_alloc")

@@ -1,7 +1,8 @@
 """Mode zk_recycle against a real ZooKeeper, what only it does: leases of 0..1023 as
 ephemeral nodes, a restart preferring its previous worker ID, leases per worker ID (not
 per identity), reclaim after the holder's session expires (its high-water carried to the
-next holder), a lost lease node, self-fencing on SUSPENDED, all 1024 taken. What every
+next holder), a lost lease node, a ZooKeeper outage ridden through on the lease, all 1024
+taken. What every
 mode does is in tests/snowflake/registry/test_contract.py."""
 
 from __future__ import annotations
@@ -10,13 +11,19 @@ import json
 
 import pytest
 
-from leafpool.core.errors import ClockMovedBackwards, WorkerIdUnavailable
+from leafpool.core.errors import BackendUnavailable, ClockMovedBackwards, WorkerIdUnavailable
 from leafpool.core.snowflake_layout import decode, wall_clock_ms
 from leafpool.snowflake.registry import LeasedGenerator
 from tests.support import registries, services
 from tests.support.clocks import FakeMsClock
 from tests.support.registries import RecycleBackend
-from tests.support.zk_helpers import StateLog, expire_session, own_zk_fixture, restart
+from tests.support.zk_helpers import (
+    StateLog,
+    expire_session,
+    own_zk_fixture,
+    raw_client,
+    restart,
+)
 
 zkr = registries.fixture("zk_recycle")
 
@@ -60,10 +67,11 @@ def test_a_second_process_of_one_identity_gets_another_worker_id(zkr: RecycleBac
 def test_reclaim_after_session_expiry_starts_above_the_former_holder(zkr: RecycleBackend) -> None:
     t = wall_clock_ms()
     a = zkr.open("host-a:w:0", FakeMsClock(t))
-    gen_a = LeasedGenerator(a, a.settings, clock=a.clock, sleep=a.sleep, window_ms=5_000)
+    gen_a = LeasedGenerator(a, a.settings, clock=a.clock, sleep=a.sleep, window_ms=10_000)
     assert gen_a.start().worker_id == 0
     ids_a = gen_a.next_batch(3_000)
-    assert a.high_water_ms == t + 5_000
+    assert a.high_water_ms == t + 10_000
+    assert zkr.mark(a, 0) == t + 10_000  # beyond the lease's cover (7 s): as recorded
     assert a.client is not None
     states = StateLog(a.client)
     expire_session(a.client, zkr.hosts)  # the holder went silent: its lease expires
@@ -74,21 +82,21 @@ def test_reclaim_after_session_expiry_starts_above_the_former_holder(zkr: Recycl
     with pytest.raises(WorkerIdUnavailable):
         gen_a.next_batch(10)
     with pytest.raises(WorkerIdUnavailable):
-        a.record_high_water(t + 10_000)
+        a.record_high_water(t + 20_000)
 
     early = zkr.open("host-b:w:0", FakeMsClock(t + 1_000))
     with pytest.raises(ClockMovedBackwards) as err2:  # behind the former holder's mark
         early.claim()
-    assert err2.value.offset_ms == 4_000 and "recycle/hw/0000" in str(err2.value)
+    assert err2.value.offset_ms == 9_000 and "recycle/hw/0000" in str(err2.value)
     assert zkr.zk.exists(early.lease_path(0)) is None  # the refused claim let go
 
-    clock_b = FakeMsClock(t + 6_000)
+    clock_b = FakeMsClock(t + 11_000)
     b = zkr.open("host-b:w:0", clock_b)
     gen_b = LeasedGenerator(b, b.settings, clock=clock_b, sleep=clock_b.sleep)
     lease = gen_b.start()
-    assert (lease.worker_id, lease.last_timestamp_ms) == (0, t + 5_000)
+    assert (lease.worker_id, lease.last_timestamp_ms) == (0, t + 10_000)
     ids_b = gen_b.next_batch(3_000)
-    assert decode(ids_b[0]).timestamp_ms > t + 5_000
+    assert decode(ids_b[0]).timestamp_ms > t + 10_000
     assert not set(ids_a) & set(ids_b)
     assert zkr.data(b.hw_path(0))["identity"] == "host-b:w:0"
 
@@ -103,37 +111,56 @@ def test_a_lost_lease_node_fences(zkr: RecycleBackend) -> None:
     assert a.fenced is not None
 
 
-def test_suspended_connection_self_fences_at_once(
+def test_a_zookeeper_outage_shorter_than_the_lease_does_not_stop_generation(
     own_zk: services.Server, zkr: RecycleBackend
 ) -> None:
-    reg = zkr.open(
-        "host-a:w:0",
-        wall_clock_ms,
-        zk_hosts=own_zk.extra["hosts"],
-        snowflake_lease_seconds=10,
-        snowflake_renew_seconds=0.5,
-    )
-    lease = reg.claim()
+    """Issue 28: a ZooKeeper outage shorter than the lease causes no pause. The mark the
+    holder's last renew wrote covers the lease (docs/design.md §8.3), so a SUSPENDED
+    connection generates on from the cache file alone until the lease deadline, and a
+    record beyond that mark is refused at once (it needs ZooKeeper); the same session
+    comes back and the next call renews. On a fake clock: kazoo's own timers are real."""
+    clock = FakeMsClock(wall_clock_ms())
+    reg = zkr.open("host-a:w:0", clock, zk_hosts=own_zk.extra["hosts"],
+                   snowflake_lease_seconds=10, snowflake_renew_seconds=0.5)
+    gen = LeasedGenerator(reg, reg.settings, clock=clock, sleep=clock.sleep)
+    lease = gen.start()
+    ids = gen.next_batch(1_000)
     assert reg.client is not None
     states = StateLog(reg.client)
+    hw = reg.hw_path(lease.worker_id)
+    covered = own_mark(own_zk, hw)  # what the last write recorded: the lease covered
     try:
         own_zk.kill()
         states.wait_for("SUSPENDED", timeout=5)
-        with pytest.raises(WorkerIdUnavailable) as err:
-            reg.check()
+        ids += gen.next_batch(1_000)  # at once, on the lease
+        clock.advance(reg.deadline.fence_after_s * 1000 - 500)  # most of the lease later
+        ids += gen.next_batch(1_000)
+        assert reg.fenced is None
+        assert covered >= clock.now + 1_000 >= decode(ids[-1]).timestamp_ms
+        with pytest.raises(BackendUnavailable) as err:  # beyond the mark: not without ZK
+            reg.record_high_water(covered + 1)
         assert "SUSPENDED" in str(err.value)
+        assert decode(ids[-1]).timestamp_ms <= covered == reg.source_mark  # nothing written
+        clock.advance(1_000)  # the deadline passed: self-fenced until a renew
+        with pytest.raises(WorkerIdUnavailable) as err2:
+            reg.check()
+        assert "not renewed" in str(err2.value)
+        with pytest.raises(BackendUnavailable):  # the call tries a renew: no ZooKeeper
+            gen.next_batch(10)
     finally:
         restart(own_zk)
-    # the same session comes back (before its timeout): still fenced until a renew
+    # the same session comes back (before its timeout): the next call renews and goes on
     states.wait_for("SUSPENDED", "CONNECTED", timeout=15)
     assert reg.fenced is None
-    with pytest.raises(WorkerIdUnavailable) as err2:
-        reg.check()
-    assert "suspended" in str(err2.value)
-    reg.tick()
+    ids += gen.next_batch(1_000)
     reg.check()
-    reg.record_high_water(wall_clock_ms() + 1_000)
-    assert lease.worker_id == 0
+    assert ids == sorted(set(ids)) and {decode(i).worker_id for i in ids} == {lease.worker_id}
+    assert own_mark(own_zk, hw) >= decode(ids[-1]).timestamp_ms
+
+
+def own_mark(server: services.Server, path: str) -> int:
+    with raw_client(server.extra["hosts"]) as client:
+        return int(json.loads(client.get(path)[0])["timestamp"])
 
 
 def test_all_1024_worker_ids_taken(zkr: RecycleBackend) -> None:
