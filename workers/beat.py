@@ -23,7 +23,7 @@ from typing import Any
 from celery.beat import PersistentScheduler
 
 from leafpool.core.errors import LeafpoolError
-from leafpool.housekeeping.sweep import Due
+from leafpool.housekeeping.sweep import QUEUED_SECONDS, Due
 from leafpool.housekeeping.watch import DropWatcher, supported
 from leafpool.redis.connect import connect
 from leafpool.redis.pool import Level, Pool
@@ -38,11 +38,6 @@ STANDBY_POLL_SECONDS = 2.0
 #: sent once when this beat takes the lock: the sync registers (and refills) the
 #: database's tags, the sweep refills the tags Redis already knows
 START_ENTRIES = (SYNC_ENTRY, SWEEP_ENTRY)
-#: the watcher's queued marker: short, so a refill task lost on its way (a broker failover
-#: while the beat publishes) holds the tag for seconds, not the sweep's 30 s; a task
-#: still waiting in a busy queue that long is queued twice at worst (the second refill
-#: finds the tag locked or full)
-WATCH_QUEUED_SECONDS = 5
 
 
 class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
@@ -102,7 +97,7 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
             self._pool,
             self._queue_refill,
             interval_s=settings.watch_interval_ms / 1000,
-            queued_seconds=WATCH_QUEUED_SECONDS,
+            queued_seconds=QUEUED_SECONDS,  # short: a task that cannot run is queued again
             outgrown=outgrown if settings.burst_sizing else None,
         ).start()
         log.info("beat on %s: drop watcher started", self._identity)

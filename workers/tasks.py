@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery import Task
@@ -10,6 +11,7 @@ from celery import Task
 from leafpool.core.errors import BackendUnavailable, UnknownTag
 from leafpool.housekeeping import sweep as sweeping
 from leafpool.housekeeping import sync
+from leafpool.redis.pool import Pool
 from leafpool.refill import retry as retrying
 from leafpool.refill.base import Refiller
 from leafpool.refill.batch import refill_many
@@ -62,8 +64,9 @@ def sweep() -> dict[str, object]:
     """Queue a refill for every tag below its low-water mark or found empty."""
     rt = runtime()
     queued = []
-    wait = max(5, rt.settings.lock_ttl_ms // 1000)
-    for tag, mode, force in sweeping.sweep(rt.pool, queued_seconds=wait):
+    # the trigger's short marker (docs/design.md §3.7): a refill that cannot run holds the
+    # tag seconds, and the next sweep or the watcher queues it again
+    for tag, mode, force in sweeping.sweep(rt.pool, queued_seconds=sweeping.QUEUED_SECONDS):
         task = REFILL_TASKS.get(mode)
         if task is not None:
             task.delay(tag, force)
@@ -80,11 +83,12 @@ FIRST_FILL_PRIORITY = 9
 @app.task(name="leafpool.refill_segments")
 def refill_segments(tags: list[str], force: bool = False) -> dict[str, object]:
     """Refill a batch of segment tags (the tag sync's first fill), a few at once; each
-    tag's result or failure shows in Flower. A failed tag is queued again by the sweep."""
+    tag's result or failure shows in Flower. A failed tag is queued again by the drop
+    watcher when its hold ends, or by the sweep."""
     rt = runtime()
     return refill_many(lambda tag: rt.refiller.refill(tag, force=force), tags,
                        threads=rt.settings.refill_batch_threads,
-                       before=rt.pool.clear_queued).as_dict()
+                       before=rt.pool.clear_queued, keep=_keep_queued(rt.pool)).as_dict()
 
 
 @app.task(name="leafpool.refill_snowflakes")
@@ -93,7 +97,13 @@ def refill_snowflakes(tags: list[str], force: bool = False) -> dict[str, object]
     rt = runtime()
     refiller = rt.snowflake_refiller()
     return refill_many(lambda tag: refiller.refill(tag, force=force), tags,
-                       before=rt.pool.clear_queued).as_dict()
+                       before=rt.pool.clear_queued, keep=_keep_queued(rt.pool)).as_dict()
+
+
+def _keep_queued(pool: Pool) -> Callable[[list[str]], None]:
+    """A running batch keeps the markers of the tags it has not reached short and alive
+    (docs/design.md §3.7): lost with its worker, they end within seconds."""
+    return lambda tags: pool.keep_queued(tags, sweeping.QUEUED_SECONDS)
 
 
 #: each mode's refill task (the sweep, the tag sync and the beat's drop watcher queue them)

@@ -25,6 +25,14 @@ from dataclasses import dataclass
 from leafpool.core.errors import LeafpoolError
 from leafpool.redis.pool import Level, Pool
 
+#: how long a trigger's ``queued`` marker holds a tag (the drop watcher's, the sweep's, a
+#: running batch's): a refill task that cannot run (lost with its worker, failed without
+#: a retry, left in a queue no worker reads) holds the tag this long, and the watcher reads
+#: a tag it queued again at every heartbeat until it is refilled, so the tag is queued
+#: again within this and a heartbeat (docs/design.md §3.7). A task that waits longer in a
+#: busy queue is queued twice at worst: the second refill finds the tag locked or full
+QUEUED_SECONDS = 3
+
 
 @dataclass(frozen=True)
 class Due:

@@ -16,11 +16,14 @@ starts afresh, so the watcher reads every tag again (a full pass) before waiting
 ``HEARTBEAT_SECONDS`` without traffic it pings its subscriber and checks that its node is
 still the master (a failover that keeps the old master running).
 
-A tag found due while its ``queued`` marker is held (a refill queued, or a failed
-refill's hold, docs/design.md §3.8) is read again at every heartbeat until it is queued
-or no longer due: the marker's expiry writes nothing the watcher tracks, and a plain
-``LPOP`` of an empty list writes nothing either, so a drop heard during the hold would
-otherwise wait for the sweep.
+A tag found due and not locked (its refill queued now, or held by another's ``queued``
+marker: a refill queued, or a failed refill's hold, docs/design.md §3.8) is read again at
+every heartbeat until its refill takes the lock or it is no longer due, and queued again
+once its marker has ended: the marker's expiry writes nothing the watcher tracks, and a
+plain ``LPOP`` of an empty list writes nothing either. So a refill task that cannot run
+(lost with its worker, failed without a retry, left in a queue no worker reads) holds its
+tag for the marker's few seconds and a heartbeat, not until the sweep (docs/design.md
+§3.7).
 
 On a Redis Cluster tracking is per node connection and the tags are spread over nodes:
 the watcher does not run there (:func:`supported`), and the sweep runs every
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from leafpool.core.errors import LeafpoolError
-from leafpool.housekeeping.sweep import Due, due_tags, note_dry, queue_due
+from leafpool.housekeeping.sweep import QUEUED_SECONDS, Due, due_tags, note_dry, queue_due
 from leafpool.redis.connect import is_cluster
 from leafpool.redis.pool import Level, Pool
 from leafpool.redis.tracking import Tracking
@@ -51,6 +55,8 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
 RECONNECT_SECONDS = 0.5
+#: a tag is read again this long after its queued marker's end (Redis has expired it)
+MARKER_MARGIN_SECONDS = 0.02
 
 
 def supported(pool: Pool) -> bool:
@@ -78,7 +84,7 @@ class DropWatcher:
         on_due: Callable[[Due], None],
         *,
         interval_s: float = 0.01,
-        queued_seconds: int = 30,
+        queued_seconds: int = QUEUED_SECONDS,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         outgrown: Callable[[Level, float], bool] | None = None,
@@ -99,8 +105,11 @@ class DropWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._rates: dict[str, RecentRate] = {}
-        # due, not locked, but marked queued by another: read again at every heartbeat
-        self._held: set[str] = set()
+        # due and not locked (queued, or marked queued by another): read again when its
+        # marker ends (tag -> that monotonic time) and at every heartbeat, until a refill
+        # holds its lock or it is no longer due
+        self._recheck: dict[str, float] = {}
+        self._next_end = math.inf  # at most the earliest of them (a scan finds which)
         self.ready = threading.Event()  # set once a session's full pass is done
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -149,8 +158,10 @@ class DropWatcher:
             last_read = last_beat = self._monotonic()
             while not self._stop.is_set():
                 now = self._monotonic()
+                dirty |= self._markers_ended(now) & known
                 pending = dirty or tags_dirty or wanted_dirty
                 wait = last_beat + HEARTBEAT_SECONDS - now
+                wait = min(wait, self._next_end - now)
                 if pending:
                     wait = min(wait, last_read + self.interval_s - now)
                 if tracking.wait(min(max(wait, 0.0), 0.25)):
@@ -194,7 +205,7 @@ class DropWatcher:
                 if now >= last_beat + HEARTBEAT_SECONDS:
                     tracking.heartbeat()
                     last_beat = now
-                    dirty |= self._held & known  # has the hold ended?
+                    dirty |= self._recheck.keys() & known  # its refill begun? its marker?
         finally:
             tracking.close()
 
@@ -229,19 +240,45 @@ class DropWatcher:
                 for lv in levels
                 if lv.known and lv.tag not in listed and self._outgrown(lv, rates.get(lv.tag, 0.0))
             ]
-        self._held -= {lv.tag for lv in levels}
+        for lv in levels:
+            self._recheck.pop(lv.tag, None)
         if not due:
             return
         locked = {lv.tag: lv.locked for lv in levels}
-        free = {d.tag for d in due if not locked[d.tag]}  # a locked tag: its release is heard
+        free = [d.tag for d in due if not locked[d.tag]]  # a locked tag: its release is heard
+        ends = {}
         for d in queue_due(self.pool, due, [locked[d.tag] for d in due], self.queued_seconds):
-            if self._queue(d, rates.get(d.tag, 0.0)):
-                free.discard(d.tag)
-        self._held |= free  # read again at the next heartbeat
+            # its marker, or (not queued: the marker cleared) the next heartbeat
+            ends[d.tag] = self.queued_seconds if self._queue(d, rates.get(d.tag, 0.0)) \
+                else HEARTBEAT_SECONDS
+        held = [tag for tag in free if tag not in ends]  # marked queued by another
+        if held:
+            with contextlib.suppress(LeafpoolError):  # else: at the next heartbeat
+                ttls = self.pool.queued_ttls(held)
+                ends.update({t: ms / 1000 if ms >= 0 else HEARTBEAT_SECONDS
+                             for t, ms in zip(held, ttls, strict=True)})
+        # read again when the marker ends, queued now or not: a refill that starts takes
+        # the lock (heard), one that never does leaves the tag due once its marker ends
+        now = self._monotonic()
+        for tag in free:
+            at = now + ends.get(tag, HEARTBEAT_SECONDS) + MARKER_MARGIN_SECONDS
+            self._recheck[tag] = at
+            self._next_end = min(self._next_end, at)
+
+    def _markers_ended(self, now: float) -> set[str]:
+        """The tags whose marker has ended by ``now``, taken off the list (read again, a
+        tag still due goes back on it). Scans the list only once the earliest end is due."""
+        if now < self._next_end:
+            return set()
+        ended = {tag for tag, at in self._recheck.items() if at <= now}
+        for tag in ended:
+            del self._recheck[tag]
+        self._next_end = min(self._recheck.values(), default=math.inf)
+        return ended
 
     def _queue(self, due: Due, rate: float) -> bool:
-        """Hand ``due`` to ``on_due``; False when it could not be (tried again at the next
-        heartbeat)."""
+        """Hand ``due`` to ``on_due``; False when it could not be (its marker cleared: tried
+        again at the next heartbeat)."""
         try:
             if rate > 0:  # the refill sizes the pool by it (docs/design.md §3.2)
                 self.pool.record(

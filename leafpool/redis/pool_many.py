@@ -177,6 +177,20 @@ class ManyTags:
         mine = token.encode()
         return [x is None or x == mine for x in raw]
 
+    def keep_queued(self, tags: Sequence[str], seconds: int) -> None:
+        """Set the ``queued`` marker of each tag that has one to expire in ``seconds``
+        (``EXPIRE``: a tag without a marker gets none): a batch refill keeps the markers of
+        the tags it has not reached short and alive while it runs (docs/design.md §3.7).
+        Repeated after a lost reply: the same TTL again."""
+        self._pipelined("keep queued", tags,
+                        lambda tag: [("EXPIRE", self.tag(tag).queued, seconds)])
+
+    def queued_ttls(self, tags: Sequence[str]) -> list[int]:
+        """Milliseconds left of each tag's ``queued`` marker (``PTTL``: -2 none, -1 no
+        expiry), in one round trip: when the drop watcher reads a held tag again."""
+        return [int(x) for x in self._pipelined(
+            "queued ttl", tags, lambda tag: [("PTTL", self.tag(tag).queued)])]
+
     # -- levels: the sweep and the drop watcher (docs/design.md §3.7) ----------------------
 
     def levels(self, tags: Sequence[str], with_lock: bool = False) -> list[Level]:

@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 
 #: after a failed refill, how long the sweep and the drop watcher leave the tag to Celery's
 #: retry (at most the retry backoff's maximum): at most one more refill this often while a
-#: backend is down, and a lost retry delays the tag's next refill no longer than this
-FAILED_HOLD_SECONDS = 5
+#: backend is down, and a retry that is lost, or a failure Celery does not retry, delays the
+#: tag's next refill no longer than this and a watcher's heartbeat (docs/design.md §3.7)
+FAILED_HOLD_SECONDS = 3
 
 
 class SourceUnavailable(BackendUnavailable):
@@ -192,10 +193,11 @@ class Refiller(ABC):
             # drop watcher would queue a refill against a database that is down as fast as
             # each fails (set while the lock is held, so the watcher hears the release after
             # it). Not for the whole retry backoff: a retry waits in its worker's memory and
-            # is lost with it (Celery's worker can exit on a broker failover), and the tag
-            # would have no trigger until the marker expired (30 s, seen in the Sentinel
-            # failover test). A batch's refill (the tag sync's first fill) has no retry of
-            # its own: the watcher reads a tag it found due but held again every second,
+            # is lost with it (a worker killed), and the tag would have no trigger until the
+            # marker expired (30 s, seen in the Sentinel failover test); a failure Celery
+            # does not retry (CounterBehind, StaleWrite, or retries used up) has none behind
+            # it at all. A batch's refill (the tag sync's first fill) has no retry of its
+            # own either: the watcher reads a tag it found due but held again every second,
             # so it is queued when the hold ends (leafpool.housekeeping.watch)
             registered = self.pool.record(
                 tag,

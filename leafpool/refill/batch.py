@@ -10,11 +10,18 @@ commit flush) are written in groups instead of one after the other.
 A tag's failure is its own: recorded in its state by the refiller, listed in the batch's
 result, and the drop watcher queues that tag again when its failure's hold ends (it is
 still due: below its low-water mark, or its reserve short), or the next sweep does.
+
+The tag sync marks a batch's tags ``queued`` for as long as the batch may wait in its
+queue. Once the batch runs, ``keep`` holds the markers of the tags it has not reached yet
+to a few seconds and renews them while it runs (docs/design.md §3.7): a batch lost with its
+worker leaves its remaining tags to the drop watcher within seconds, not after the
+visibility timeout.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,19 +51,69 @@ class BatchResult:
         }
 
 
+#: how often a running batch renews the markers of the tags it has not reached
+KEEP_EVERY_SECONDS = 1.0
+
+
+class _Keeper:
+    """Calls ``keep(tags not begun)`` now and every ``every`` seconds in a thread, until
+    :meth:`stop`. Best effort: a failed call is logged and tried again at the next."""
+
+    def __init__(self, keep: Callable[[list[str]], None], tags: Sequence[str],
+                 every: float) -> None:
+        self._keep, self._every = keep, every
+        self._waiting = list(dict.fromkeys(tags))
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._call()
+        self._thread = threading.Thread(target=self._run, name="leafpool-batch-keep",
+                                        daemon=True)
+        self._thread.start()
+
+    def begun(self, tag: str) -> None:
+        with self._lock:
+            if tag in self._waiting:
+                self._waiting.remove(tag)
+
+    def _call(self) -> None:
+        with self._lock:
+            waiting = list(self._waiting)
+        if not waiting:
+            return
+        try:
+            self._keep(waiting)
+        except Exception as exc:  # Redis away: the markers expire, the watcher takes over
+            log.warning("batch: queued markers not renewed: %s", exc)
+
+    def _run(self) -> None:
+        while not self._done.wait(self._every):
+            self._call()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 def refill_many(
     refill: Callable[[str], RefillResult],
     tags: Sequence[str],
     threads: int = 1,
     before: Callable[[str], None] | None = None,
+    keep: Callable[[list[str]], None] | None = None,
+    keep_every: float = KEEP_EVERY_SECONDS,
 ) -> BatchResult:
     """``refill(tag)`` for every tag, ``threads`` at a time (``before(tag)`` first: the
     task clears the tag's ``queued`` marker). Every tag is tried; none's failure stops
-    the others."""
+    the others. ``keep(tags)``: called at once and every ``keep_every`` seconds until the
+    batch ends with the tags whose refill has not begun (the task shortens and renews
+    their markers)."""
+    keeper = _Keeper(keep, tags, keep_every) if keep is not None else None
 
     def one(tag: str) -> tuple[str, str, str, int]:
         """(tag, outcome, text, IDs pushed); outcome: refilled, skipped or failed."""
         try:
+            if keeper is not None:
+                keeper.begun(tag)
             if before is not None:
                 before(tag)
             done = refill(tag)
@@ -72,13 +129,17 @@ def refill_many(
             return tag, "skipped", done.skipped, 0
         return tag, "refilled", done.summary(), done.pushed
 
-    if threads <= 1 or len(tags) <= 1:
-        outcomes = [one(tag) for tag in tags]
-    else:
-        with ThreadPoolExecutor(
-            min(threads, len(tags)), thread_name_prefix="leafpool-refill"
-        ) as pool:
-            outcomes = list(pool.map(one, tags))
+    try:
+        if threads <= 1 or len(tags) <= 1:
+            outcomes = [one(tag) for tag in tags]
+        else:
+            with ThreadPoolExecutor(
+                min(threads, len(tags)), thread_name_prefix="leafpool-refill"
+            ) as pool:
+                outcomes = list(pool.map(one, tags))
+    finally:
+        if keeper is not None:
+            keeper.stop()
     result = BatchResult()
     for tag, outcome, what, pushed in outcomes:
         getattr(result, outcome)[tag] = what

@@ -153,6 +153,41 @@ def test_a_tag_drained_while_a_failed_refill_holds_it_is_queued_when_the_hold_en
         w.stop()
 
 
+def test_a_tag_whose_queued_refill_never_starts_is_queued_again_when_its_marker_ends(
+    pool: Pool, r: redis.Redis, queued: Queued
+) -> None:
+    """docs/design.md §3.7: the watcher queued a refill, and the task never runs (lost with
+    its worker, failed without a retry, or in a queue no worker reads), and nothing writes
+    the tag again: here a refill left its reserve short (due with no pop, so the watcher
+    records no drop rate and no dry mark). When the marker ends the watcher must queue the
+    refill again by itself, not leave the tag to the sweep."""
+    filled(pool, r, "order")
+    w = DropWatcher(pool, queued, interval_s=0.005, queued_seconds=60).start()
+    try:
+        assert w.ready.wait(WAIT)
+        pool.record("order", reserve_due=1)  # the last refill left the reserve short
+        services.wait_until(lambda: queued.tags() == ["order"], WAIT, "refill queued")
+        first = r.get("leafpool:{order}:queued")
+        assert first is not None and 0 < r.ttl("leafpool:{order}:queued") <= 60
+        r.delete("leafpool:{order}:queued")  # the marker ends (as its expiry would)
+        services.wait_until(lambda: queued.tags() == ["order", "order"], WAIT,
+                            "refill queued again")
+        assert r.get("leafpool:{order}:queued") not in (None, first)  # marked anew
+    finally:
+        w.stop()
+
+
+def test_the_triggers_markers_are_short() -> None:
+    """The watcher's and the sweep's markers, and a failed refill's hold, end within a few
+    seconds: with the watcher's heartbeat (1 s) a tag whose refill cannot run is queued
+    again within 5 s (docs/design.md §3.7)."""
+    from leafpool.housekeeping.sweep import QUEUED_SECONDS
+    from leafpool.housekeeping.watch import HEARTBEAT_SECONDS
+    from leafpool.refill.base import FAILED_HOLD_SECONDS
+
+    assert max(QUEUED_SECONDS, FAILED_HOLD_SECONDS) + HEARTBEAT_SECONDS < 5
+
+
 def test_after_a_redis_restart_the_watcher_reads_every_tag_again(
     make_settings: Callable[..., Settings],
 ) -> None:

@@ -4,6 +4,7 @@ own (recorded in its state and in the batch's result)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import redis
@@ -12,9 +13,13 @@ from sqlalchemy import text
 from leafpool.core.config import Settings
 from leafpool.housekeeping.sync import sync_tags
 from leafpool.redis.pool import Pool
-from leafpool.refill.batch import refill_many
+from leafpool.refill.base import RefillResult
+from leafpool.refill.batch import BatchResult, refill_many
 from leafpool.segment.refiller import SegmentRefiller
 from leafpool.segment.store import SegmentStore
+from tests.support import services
+
+WAIT = 10.0
 
 
 def test_a_batch_refills_every_tag_and_records_failures_per_tag(
@@ -76,3 +81,45 @@ def test_concurrent_refills_of_one_batch_allocate_disjoint_ranges(
                 text("SELECT max_id FROM leaf_alloc WHERE biz_tag = :t"), {"t": tag}
             ).scalar_one()
         assert max_id == pool.snapshot(tag).floor
+
+
+def test_a_running_batch_keeps_the_markers_of_the_tags_it_has_not_reached_short_and_alive(
+    pool: Pool, r: redis.Redis
+) -> None:
+    """docs/design.md §3.7: the tag sync marks a batch's tags queued for as long as the
+    batch may wait in its queue. Once the batch runs, the tags it has not reached hold
+    markers of a few seconds, renewed while it runs, so that a batch lost with its worker
+    leaves them to the drop watcher within seconds; each tag's marker is cleared when its
+    refill begins, and nothing is renewed after the batch."""
+    tags = ["a", "b", "c"]
+    pool.mark_queued_many(tags, 300)  # as the tag sync marks a batch's tags
+    release = threading.Event()
+    kept: list[list[str]] = []
+
+    def refill(tag: str) -> RefillResult:
+        if tag == "a":
+            assert release.wait(WAIT)
+        return RefillResult(tag, pushed=1)
+
+    def keep(waiting: list[str]) -> None:
+        kept.append(waiting)
+        pool.keep_queued(waiting, 3)
+
+    result: list[BatchResult] = []
+    batch = threading.Thread(target=lambda: result.append(refill_many(
+        refill, tags, before=pool.clear_queued, keep=keep, keep_every=0.05)))
+    batch.start()
+    try:
+        services.wait_until(lambda: len(kept) >= 3, WAIT, "markers renewed while it runs")
+        assert kept[0] == tags  # at once, before any refill: every marker shortened
+        assert all(k == ["b", "c"] for k in kept[2:])  # "a" begun: not renewed
+        assert r.exists(pool.tag("a").queued) == 0  # cleared when its refill began
+        for tag in ("b", "c"):
+            assert 0 < r.pttl(pool.tag(tag).queued) <= 3000, tag
+    finally:
+        release.set()
+        batch.join(WAIT)
+    assert not batch.is_alive() and result[0].pushed == 3
+    assert [t for t in tags if r.exists(pool.tag(t).queued)] == []
+    # the keeper stopped with the batch
+    assert not [t for t in threading.enumerate() if t.name == "leafpool-batch-keep"]
