@@ -46,6 +46,7 @@ class Call:
     n: int
     ids: tuple[int, ...] = ()
     err: str | None = None
+    msg: str | None = None  # the error's message, cut short
 
     @property
     def ok(self) -> bool:
@@ -135,7 +136,7 @@ def read_calls(run_dir: Path) -> list[Call]:
     for path in sorted((run_dir / HISTORY).glob("*.jsonl")):
         client = path.stem
         calls += [Call(client, r["s"], r["e"], r["tag"], r["op"], r["n"],
-                       tuple(r.get("ids", ())), r.get("err"))
+                       tuple(r.get("ids", ())), r.get("err"), r.get("msg"))
                   for r in _lines(path)]
     return calls
 
