@@ -160,7 +160,9 @@ def _configs() -> Iterator[list[Config]]:
         pair_everysec = started(topologies.replicated(1, appendfsync="everysec"))
         pair_always = started(topologies.replicated(1, appendfsync="always"))
         cluster = started(topologies.cluster(3, 1, appendfsync="always"))
+        # one group each: the lanes' tags are the same names in every configuration
         trio = started(topologies.replicated(2, appendfsync="always"))
+        trio_all = started(topologies.replicated(2, appendfsync="always"))
         yield [
             config(LABELS[0], always.master.client(), 0, redis_url=always.master.url),
             config(LABELS[1], everysec.master.client(), 0, redis_url=everysec.master.url),
@@ -173,7 +175,7 @@ def _configs() -> Iterator[list[Config]]:
             config(LABELS[4], cast(redis.Redis, cluster.client()), 1, redis_url=cluster.url,
                    redis_cluster=True, broker_url=always.master.url),
             config(LABELS[5], trio.master.client(), 1, redis_url=trio.master.url),
-            config(LABELS[6], trio.master.client(), 2, redis_url=trio.master.url),
+            config(LABELS[6], trio_all.master.client(), 2, redis_url=trio_all.master.url),
         ]
 
 
