@@ -13,8 +13,10 @@ after the heal. Availability is printed, not asserted (issue 28 item 2 is about 
 
 from __future__ import annotations
 
+import random
 import socket
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,7 @@ from tests.support.nemesis_checker import (
     pauses,
     snowflake_inversions,
 )
+from tests.support.nemesis_faults import KINDS, FaultSpec, Nemesis, schedule
 from tests.support.nemesis_history import (
     EVENTS,
     HISTORY,
@@ -39,9 +42,11 @@ from tests.support.nemesis_history import (
     EventLog,
     LineWriter,
     call_record,
+    read_events,
     write_json,
 )
 from tests.support.nemesis_links import Link
+from tests.support.nemesis_procs import Managed, Supervisor
 from tests.support.nemesis_report import cause, print_report
 from tests.support.servers import NotInstalled
 
@@ -144,6 +149,97 @@ def test_the_run_files_round_trip_and_gaps_are_accounted(tmp_path: Path) -> None
     assert (report.seed, tag.calls, tag.failed, tag.handed_out) == (7, 3, 2, 4)
     assert tag.balance == 10 - (4 + 3 + 2)
     assert report.errors == {"client-0": Counter(PoolEmpty=2)}
+
+
+def test_the_same_seed_gives_the_same_schedule_and_every_kind_comes_once_first() -> None:
+    kinds = list(KINDS.values())
+    first = schedule(5, 300.0, kinds)
+    assert first == schedule(5, 300.0, kinds)
+    assert first != schedule(6, 300.0, kinds)
+    assert {s.kind for s in first[:len(kinds)]} == set(KINDS)  # one deck dealt whole
+    gaps = [b.at - a.at for a, b in pairwise(first)]
+    assert all(6.0 <= g <= 12.0 for g in gaps) and first[-1].at < 300.0
+    for spec in first:
+        low, high = KINDS[spec.kind].duration_s
+        assert low <= spec.duration_s <= high
+
+
+class FakeProcess(Managed):
+    """A process of the nemesis's bookkeeping only (no process behind it)."""
+
+    def __init__(self, name: str, role: str) -> None:
+        super().__init__(name, role)
+        self.up, self.stopped = True, False
+        self.log: list[str] = []
+
+    def alive(self) -> bool:
+        return self.up
+
+    def pid(self) -> int | None:
+        return None
+
+    def kill(self) -> None:
+        self.up = False
+        self.log.append("kill")
+
+    def pause(self) -> None:
+        self.stopped = True
+        self.log.append("pause")
+
+    def resume(self) -> None:
+        self.stopped = False
+        self.log.append("resume")
+
+    def start(self) -> None:
+        self.up = True
+        self.log.append("start")
+
+    def stop(self) -> None:
+        self.up = False
+
+
+class FakeTargets:
+    def __init__(self, *procs: FakeProcess) -> None:
+        self.procs = procs
+
+    def candidates(self, role: str) -> list[Managed]:
+        return [p for p in self.procs if p.role == role and p.alive()]
+
+
+def test_a_killed_process_is_held_down_then_restarted_and_its_fault_ends_at_the_restart(
+    tmp_path: Path,
+) -> None:
+    """Driven by explicit clock readings: the kill holds the worker down for the fault's
+    duration, the supervisor restarts it after its own delay, the fault ends then; a
+    process that exits by itself is restarted too, and said so; a fault whose every
+    target is busy is skipped."""
+    w1, w2 = FakeProcess("worker-1", "worker"), FakeProcess("worker-2", "worker")
+    events = EventLog(tmp_path / EVENTS)
+    supervisor = Supervisor([w1, w2], events, random.Random(1), delay_s=(1.0, 1.0))
+    specs = [FaultSpec(1.0, "worker-kill", 4.0, 0), FaultSpec(2.0, "worker-pause", 3.0, 0),
+             FaultSpec(3.0, "worker-pause", 3.0, 0)]
+    nemesis = Nemesis(specs, KINDS, FakeTargets(w1, w2), supervisor, events, started=0.0)
+    supervisor.on_restart = nemesis.on_restart
+    for now in (0.5, 1.0, 2.0, 3.0, 4.9):
+        nemesis.tick(now)
+        supervisor.tick(now)
+    assert w1.log == ["kill"] and not w1.alive()  # held for 4 s from 1.0
+    assert w2.log == ["pause"]  # the second fault; the third found no worker free
+    for now in (5.0, 5.5, 6.0, 6.1):
+        nemesis.tick(now)
+        supervisor.tick(now)
+    assert w1.log == ["kill", "start"] and w2.log == ["pause", "resume"]
+    assert nemesis.open == {}
+    w2.up = False  # exits by itself (a Celery worker on a broker failover)
+    for now in (7.0, 8.0):
+        supervisor.tick(now)
+    events.close()
+    evs = read_events(tmp_path)
+    assert [(e.ev, e.get("proc") or e.get("target") or e.get("kind")) for e in evs] == [
+        ("fault-start", "worker-1"), ("exited", "worker-1"), ("fault-start", "worker-2"),
+        ("skip", "worker-pause"), ("fault-end", "worker-2"), ("restart", "worker-1"),
+        ("fault-end", "worker-1"), ("exited", "worker-2"), ("restart", "worker-2")]
+    assert [e.get("by") for e in evs if e.ev == "exited"] == ["fault", "itself"]
 
 
 def test_a_partitioned_link_holds_the_bytes_and_delivers_them_when_it_mends() -> None:
