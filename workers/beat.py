@@ -1,6 +1,13 @@
 """A beat scheduler that holds a Redis lock: with two beats started by mistake, one sends
 the schedules and the other stands by (and says so loudly) until the first goes away.
 
+The beat announces itself in the lock (its host or pod name) and keeps a subscription to
+its own presence channel while it holds it (docs/design.md §3.1): when its process dies
+the subscription goes with its connections, and the next beat to try takes the lock over
+at once: the same beat restarted by its supervisor, or a standby beat elsewhere (it tries
+every second). A beat that is alive is never taken over; one of an earlier release, which
+announces nothing, is waited out as before (the lock's TTL).
+
 Even without it, two beats would break nothing (the sweep marks each queued refill, the
 tag sync is idempotent); the lock keeps the queues free of doubled control tasks.
 
@@ -26,6 +33,7 @@ from leafpool.core.errors import LeafpoolError
 from leafpool.housekeeping.sweep import QUEUED_SECONDS, Due
 from leafpool.housekeeping.watch import DropWatcher, supported
 from leafpool.redis.connect import connect
+from leafpool.redis.lock import describe
 from leafpool.redis.pool import Level, Pool
 from leafpool.refill.sizing import outgrown as outgrown_by
 from workers.application import SWEEP_ENTRY, SYNC_ENTRY, settings, watching
@@ -34,7 +42,10 @@ from workers.tasks import REFILL_TASKS
 log = logging.getLogger(__name__)
 
 LOCK_TTL_SECONDS = 15.0
-STANDBY_POLL_SECONDS = 2.0
+#: a standby beat tries the lock this often: it takes over within it of the holder's death
+STANDBY_POLL_SECONDS = 1.0
+#: the holder renews the lock (and checks its presence) at least this often
+ACTIVE_TICK_SECONDS = 1.0
 #: sent once when this beat takes the lock: the sync registers (and refills) the
 #: database's tags, the sweep refills the tags Redis already knows
 START_ENTRIES = (SYNC_ENTRY, SWEEP_ENTRY)
@@ -45,11 +56,12 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self._redis = connect(settings)
         self._pool = Pool(self._redis, settings.key_prefix)
-        self._lock = self._pool.beat_lock(LOCK_TTL_SECONDS)
+        self._identity = f"{socket.gethostname()}"
+        self._lock = self._pool.beat_lock(LOCK_TTL_SECONDS, identity=self._identity)
         self._watcher: DropWatcher | None = None
         self._active = False
         self._just_acquired = False
-        self._identity = f"{socket.gethostname()}"
+        self._standing_by: str | None = None  # the holder this beat last stood by for
 
     def _hold(self) -> bool:
         try:
@@ -61,17 +73,23 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
                 log.error("beat on %s: lost the beat lock; standing by", self._identity)
             if self._lock.acquire():
                 self._active = True
-                log.warning("beat on %s: holds the beat lock, sending schedules", self._identity)
+                self._standing_by = None
+                gone = self._lock.took_over_from
+                log.warning("beat on %s: holds the beat lock, sending schedules%s",
+                            self._identity, f" (taken over from {describe(gone)}, gone)"
+                            if gone is not None else "")
+                self._lock.took_over_from = None
                 self._just_acquired = True
                 return True
         except Exception as exc:
             log.error("beat on %s: cannot reach Redis for the beat lock: %s", self._identity, exc)
             return False
-        log.error(
-            "beat on %s: ANOTHER BEAT IS RUNNING (lock %s held); this one stands by",
-            self._identity,
-            self._lock.name,
-        )
+        holder = describe(self._lock.holder)
+        # said when the holder changes, not at every try (a hot standby tries every second)
+        log.log(logging.ERROR if holder != self._standing_by else logging.DEBUG,
+                "beat on %s: ANOTHER BEAT IS RUNNING (lock %s held by %s); this one stands by",
+                self._identity, self._lock.name, holder)
+        self._standing_by = holder
         return False
 
     # -- the drop watcher (docs/design.md §3.7): runs while this beat holds the lock -------
@@ -132,7 +150,7 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
         except Exception as exc:  # e.g. no master while Sentinel fails over: keep beating
             log.error("beat on %s: schedules not sent (%s); trying again", self._identity, exc)
             return STANDBY_POLL_SECONDS
-        return min(interval, LOCK_TTL_SECONDS / 3)
+        return min(interval, ACTIVE_TICK_SECONDS)
 
     def close(self) -> None:
         self._stop_watching()

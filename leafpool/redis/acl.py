@@ -12,8 +12,9 @@ redis-server and runs every part of leafpool under its role.
   ``reserve`` empty-pool policy writes the reserve and the state: not for this role.
 - ``worker``: the Celery worker and beat: every pool key, the broker's keys and channels
   (under its own prefix, kombu's ``global_keyprefix``), the drop watcher's tracking
-  (``CLIENT TRACKING``, ``__redis__:invalidate``); no dangerous command but ``INFO``,
-  ``ROLE`` and the ``CLIENT`` subcommands it needs.
+  (``CLIENT TRACKING``, ``__redis__:invalidate``), the beat's presence channel
+  (``P:beat:lock:*``, docs/design.md §3.1); no dangerous command but ``INFO``, ``ROLE``
+  and the ``CLIENT`` subcommands it needs.
 - ``monitor``: ``leafpool status``, ``/cache``, ``/metrics``, ``/api/status``: reads only.
 - ``http``: the HTTP service: ``app`` and ``monitor`` together.
 - ``admin``: the CLI (``tag add/step/remove``, ``refill``, ``pop``, ``status``): every
@@ -77,7 +78,7 @@ def rules(role: str, prefix: str = "leafpool", broker_prefix: str = "leafpool-br
     elif role == "worker":
         parts = ["resetkeys", "resetchannels", f"~{prefix}:*", f"~{broker_prefix}:*",
                  *broker_channels(broker_prefix, broker_db), "&__redis__:invalidate",
-                 "+@all", "-@dangerous", _SAFE_DANGEROUS]
+                 f"&{prefix}:beat:lock:*", "+@all", "-@dangerous", _SAFE_DANGEROUS]
     elif role == "admin":
         parts = ["resetkeys", "resetchannels", f"~{prefix}:*", "+@all", "-@dangerous",
                  _SAFE_DANGEROUS]

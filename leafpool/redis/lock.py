@@ -15,11 +15,19 @@ over can write nothing. The three scripts (``lua/lock_acquire.lua``, ``lock_exte
   holder's connection went with that master, and the holder's writes are fenced by the
   token it no longer matches;
 - a release repeated after a lost reply finds the lock free.
+
+The beat lock also says who holds it and whether that holder is still there: a beat
+subscribes to its own presence channel (``P:beat:lock:<nonce>``, :class:`Presence`) before
+it takes the lock, and its value carries its identity (``<nonce>/<host>@<replid>``). Redis
+drops the subscription with the connection, so when the process dies the next beat to try
+(a restart of the same beat, or a standby elsewhere) takes the lock over at once instead
+of waiting out its TTL; a live holder keeps its subscription and is never taken over.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -29,12 +37,12 @@ from typing import Any
 import redis
 
 from leafpool.redis import scripts
-from leafpool.redis.connect import redis_errors
+from leafpool.redis.connect import is_cluster, redis_errors
 from leafpool.redis.retries import safely
 
 log = logging.getLogger(__name__)
 
-FREE, OURS, TAKEN_OVER = 1, 2, 3
+FREE, OURS, TAKEN_OVER, GONE = 1, 2, 3, 4
 
 
 class TokenLock:
@@ -48,7 +56,8 @@ class TokenLock:
         self._client = client
         self._token: bytes | None = None
         self.held = False
-        self.took_over_from: str | None = None  # the former master's holder, on a takeover
+        self.took_over_from: str | None = None  # the former holder, on a takeover
+        self.holder: str | None = None  # the holder's token, as a refused acquire saw it
 
     @property
     def token(self) -> bytes:
@@ -63,17 +72,24 @@ class TokenLock:
     def acquire(self) -> bool:
         """True when this caller now holds the lock (it was free, this is a repeat of our
         own acquire, or its holder was on a former master)."""
-        reply = self._run("lock_acquire", [secrets.token_hex(16), self.ttl_ms], "acquire")
-        code, value = int(reply[0]), reply[1]
-        self.held = code in (FREE, OURS, TAKEN_OVER)
+        return self._acquire(secrets.token_hex(16), [])
+
+    def _acquire(self, nonce: str, extra: list[Any]) -> bool:
+        reply = self._run("lock_acquire", [nonce, self.ttl_ms, *extra], "acquire")
+        code, value = int(reply[0]), _text(reply[1])
+        self.held = code in (FREE, OURS, TAKEN_OVER, GONE)
         if not self.held:
+            self.holder = value
             return False
-        if code == TAKEN_OVER:
-            former = reply[2]
-            self.took_over_from = former.decode() if isinstance(former, bytes) else str(former)
-            log.warning("%s: taken over from a holder on a former master (a failover or a "
-                        "restart changed the replication ID)", self.name)
-        self._token = bytes(value) if isinstance(value, bytes) else str(value).encode()
+        if code in (TAKEN_OVER, GONE):
+            self.took_over_from = _text(reply[2])
+            if code == TAKEN_OVER:
+                log.warning("%s: taken over from a holder on a former master (a failover or "
+                            "a restart changed the replication ID)", self.name)
+            else:
+                log.warning("%s: taken over from %s, which is gone (its connection to Redis "
+                            "closed)", self.name, describe(self.took_over_from))
+        self._token = value.encode()
         return True
 
     def extend(self) -> bool:
@@ -131,7 +147,125 @@ class RefillLock(TokenLock):
 
 
 class BeatLock(TokenLock):
-    """The lock held by the one active Celery beat (``P:beat:lock``)."""
+    """The lock held by the one active Celery beat (``P:beat:lock``). With an
+    ``identity`` (the host or pod name) the holder announces its presence (docs/design.md
+    §3.1): a beat that finds the lock held by one that is gone takes it over at once. On
+    a Redis Cluster (a channel's subscribers are counted per node) and when the ACL refuses
+    the channel, the beat takes the lock without it, as an earlier release did: its lock
+    is then waited out if it dies."""
 
-    def __init__(self, client: redis.Redis, name: str, ttl_seconds: float) -> None:
+    def __init__(self, client: redis.Redis, name: str, ttl_seconds: float,
+                 identity: str | None = None) -> None:
         super().__init__(client, name, int(ttl_seconds * 1000))
+        self.identity = clean_identity(identity) if identity is not None else None
+        self._presence = (Presence(client) if identity is not None and not is_cluster(client)
+                          else None)
+        self._nonce = ""
+        self.announced = False  # this holder's value names its presence channel
+
+    def channel(self, nonce: str) -> str:
+        """The presence channel of the holder whose nonce is ``nonce``."""
+        return f"{self.name}:{nonce}"
+
+    def acquire(self) -> bool:
+        nonce = secrets.token_hex(16)
+        extra: list[Any] = []
+        if self._presence is not None and self._presence.announce(self.channel(nonce)):
+            extra = [self.identity]
+        held = self._acquire(nonce, extra)
+        if held:
+            self._nonce, self.announced = nonce, bool(extra)
+        elif self._presence is not None:
+            self._presence.close()  # a standby holds no connection between its tries
+        return held
+
+    def extend(self) -> bool:
+        """Renew the TTL; a holder whose presence subscription went (its connection closed:
+        Redis restarted or failed over, or dropped the connection) subscribes again first.
+        A beat that took the lock over meanwhile holds another token: the renewal fails."""
+        if self.held and self.announced and self._presence is not None \
+                and not self._presence.alive():
+            self._presence.announce(self.channel(self._nonce))
+        return super().extend()
+
+    def release(self) -> None:
+        try:
+            super().release()
+        finally:
+            if self._presence is not None:
+                self._presence.close()
+
+
+class Presence:
+    """One connection subscribed to a lock holder's presence channel (docs/design.md
+    §3.1): while it is open Redis counts one subscriber (``PUBSUB NUMSUB``, which
+    ``lock_acquire.lua`` reads); when the holder's process dies the kernel closes it and
+    the count falls to 0. A raw connection of the client's kind (Sentinel, TLS), RESP2."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        cp = client.connection_pool
+        self._kwargs = {**cp.connection_kwargs, "protocol": 2, "health_check_interval": 0}
+        self._class = cp.connection_class
+        self._conn: Any = None
+        self._refused = False
+
+    def announce(self, channel: str) -> bool:
+        """Subscribe to ``channel`` on a new connection (the old one closed); False when
+        Redis cannot be reached or refuses the channel (an ACL without it: said once)."""
+        self.close()
+        conn = self._class(**self._kwargs)
+        try:
+            conn.connect()
+            conn.send_command("SUBSCRIBE", channel)
+            reply = conn.read_response()
+        except (redis.RedisError, OSError) as exc:
+            conn.disconnect()
+            if isinstance(exc, redis.exceptions.NoPermissionError) and not self._refused:
+                self._refused = True
+                log.error("%s: the Redis user may not subscribe to it (%s): the beat takes its "
+                          "lock without announcing itself, and a beat that dies holding it is "
+                          "waited out; give the worker role the channel (leafpool redis acl)",
+                          channel, exc)
+            return False
+        if not (isinstance(reply, list) and reply and _text(reply[0]) == "subscribe"):
+            conn.disconnect()
+            return False
+        self._conn = conn
+        return True
+
+    def alive(self) -> bool:
+        """The subscription still stands (its connection has not been closed)."""
+        if self._conn is None:
+            return False
+        try:
+            while self._conn.can_read(timeout=0):
+                self._conn.read_response()
+        except (redis.RedisError, OSError):
+            self.close()
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.disconnect()
+            self._conn = None
+
+
+def clean_identity(identity: str) -> str:
+    """``identity`` as a lock value may carry it: [A-Za-z0-9._-], at most 255 characters
+    (a host or pod name already is)."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", identity)[:255]
+    return cleaned or "beat"
+
+
+def describe(token: str | None) -> str:
+    """Who holds a lock, from its value: ``the beat on <identity>`` for a holder that
+    announced itself, else a holder that did not (an earlier release's beat, a Cluster)."""
+    nonce = (token or "").split("@", 1)[0]
+    if "/" in nonce:
+        return f"the beat on {nonce.split('/', 1)[1]}"
+    return "a beat that announces no presence (an earlier release, or on a Redis Cluster)"
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

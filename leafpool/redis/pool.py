@@ -65,9 +65,10 @@ class Pool(Pops, ManyTags):
         """The tag's refill lock (its token fences every write)."""
         return RefillLock(self.redis, self.tag(tag).lock, ttl_ms, monotonic)
 
-    def beat_lock(self, ttl_seconds: float) -> BeatLock:
-        """The lock held by the one active Celery beat."""
-        return BeatLock(self.redis, self.keys.beat_lock, ttl_seconds)
+    def beat_lock(self, ttl_seconds: float, identity: str | None = None) -> BeatLock:
+        """The lock held by the one active Celery beat; with ``identity`` (its host or pod
+        name) the holder announces its presence (docs/design.md §3.1)."""
+        return BeatLock(self.redis, self.keys.beat_lock, ttl_seconds, identity)
 
     def lengths(self, tags: Sequence[str]) -> list[int]:
         """``LLEN`` of each tag's ready list, in one round trip."""

@@ -224,6 +224,29 @@ def test_an_app_role_user_cannot_repeat_stall_or_starve_a_pool(
     app.close()
 
 
+def test_a_beat_under_the_worker_role_announces_its_presence_and_one_without_it_does_not(
+    acl_server: services.Server, root: redis.Redis, sqlite_url: str
+) -> None:
+    """docs/design.md §3.1: the worker role grants the beat's presence channel
+    (``leafpool:beat:lock:*``), so a beat's lock says who holds it and is taken over at
+    once when that beat dies. Under a role without the channel (the admin's; or a
+    worker's ACL file from an earlier release) the beat still takes the lock, without
+    announcing itself (the earlier release's value: waited out if it dies)."""
+    _, pool, _ = _worker(acl_server, sqlite_url)
+    lock = pool.beat_lock(15, identity="host-a")
+    assert lock.acquire() and lock.announced and b"/host-a@" in lock.token
+    nonce = lock.token.decode().split("/", 1)[0]
+    assert root.pubsub_numsub(f"leafpool:beat:lock:{nonce}")[0][1] == 1
+    lock.release()
+    assert _denials(root) == []
+    admin = Pool(connect(load_settings(redis_url=_url(acl_server, "admin"),
+                                       database_url=sqlite_url)))
+    plain = admin.beat_lock(15, identity="host-b")
+    assert plain.acquire() and not plain.announced and b"/" not in plain.token
+    plain.release()
+    assert {e.get("username") for e in root.acl_log(count=100)} == {"leafpool-admin"}
+
+
 @pytest.mark.slow
 def test_a_celery_worker_and_beat_run_under_the_worker_role(
     acl_server: services.Server, root: redis.Redis, sqlite_url: str, tmp_path: Path

@@ -1,14 +1,23 @@
 """The locks against a real Redis: one holder, a fencing token, extension at a third of
 the TTL, a release that never frees someone else's lock, an acquire or release repeated
-after a lost reply, and a lock written on a former master taken over."""
+after a lost reply, a lock written on a former master taken over, and a beat lock whose
+holder died taken over at once (its presence), never a live one's, with the previous
+release's script still seeing it held."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import redis
 
 from leafpool.redis import scripts
-from leafpool.redis.lock import BeatLock, RefillLock
+from leafpool.redis.lock import BeatLock, RefillLock, clean_identity, describe
+from tests.support import services
 from tests.support.clocks import FakeWallClock
+from tests.support.processes import Proc, leafpool_env
+
+WAIT = 10.0
 
 KEY = "leafpool:{t}:lock"
 
@@ -112,3 +121,109 @@ def test_the_beat_lock_is_one_holder_and_a_former_masters_holder_is_taken_over(
     assert first.acquire() and not second.acquire() and first.extend()
     r.set(KEY, b"d4@" + b"1" * 40, px=15_000)  # as the promoted replica has it
     assert second.acquire() and not first.extend()
+
+
+# -- the beat lock's presence (docs/design.md §3.1) ------------------------------------------
+
+BEAT = "leafpool:beat:lock"
+#: lock_acquire.lua as the previous release shipped it: its beat must still see a lock
+#: that announces its holder's presence as held
+RELEASED_ACQUIRE = (Path(__file__).parent / "released" / "lock_acquire.lua").read_text()
+
+
+def _subscribers(r: redis.Redis, channel: str) -> int:
+    return int(r.pubsub_numsub(channel)[0][1])
+
+
+def _holder_process(redis_url: str, identity: str) -> Proc:
+    """A process that takes the beat lock with ``identity`` and holds it (as a beat does)
+    until it is killed."""
+    code = ("import sys, threading, redis; from leafpool.redis.lock import BeatLock; "
+            "lock = BeatLock(redis.Redis.from_url(sys.argv[1]), sys.argv[2], 60, sys.argv[3]); "
+            "assert lock.acquire(); print('held', flush=True); threading.Event().wait()")
+    return Proc([sys.executable, "-c", code, redis_url, BEAT, identity], leafpool_env())
+
+
+def test_a_beat_lock_whose_holder_died_is_taken_over_at_once_and_a_live_one_never(
+    r: redis.Redis, redis_url: str
+) -> None:
+    """A beat announces itself: its value names its identity, and it is subscribed to its
+    presence channel while it holds the lock. Another beat (a standby, or the same host's
+    beat restarted) is refused while the holder lives, and takes the lock over (code 4)
+    the moment the holder's process is killed: its subscription goes with its
+    connection. No waiting out the lock's 60 s TTL."""
+    holder = _holder_process(redis_url, "host-a")
+    try:
+        assert holder.wait_line("held", 30) == "held"
+        value = r.get(BEAT)
+        assert value is not None
+        nonce, rest = value.decode().split("/", 1)
+        assert rest == f"host-a@{_replid(r)}"
+        assert _subscribers(r, f"{BEAT}:{nonce}") == 1
+        standby = BeatLock(r, BEAT, 60, identity="host-b")
+        assert not standby.acquire()  # alive: never taken over
+        assert describe(standby.holder) == "the beat on host-a"
+        assert r.get(BEAT) == value
+        holder.kill()  # SIGKILL: the kernel closes its connections
+        services.wait_until(lambda: _subscribers(r, f"{BEAT}:{nonce}") == 0, WAIT,
+                            "Redis dropping the dead holder's subscription")
+        assert standby.acquire()  # at once, with the dead holder's TTL still running
+        assert standby.took_over_from == value.decode()
+        assert r.get(BEAT) == standby.token and b"/host-b@" in standby.token
+        assert r.pttl(BEAT) > 50_000
+    finally:
+        holder.kill()
+
+
+def test_a_beat_whose_presence_went_announces_it_again_and_keeps_its_lock(
+    r: redis.Redis,
+) -> None:
+    """The holder's presence connection closed while it lives (Redis dropped it: CLIENT
+    KILL here): its next renewal subscribes again, so a standby still finds it present;
+    if a standby took the lock over in between, the renewal fails and the holder stands
+    by."""
+    lock = BeatLock(r, BEAT, 60, identity="host-a")
+    assert lock.acquire() and lock.announced
+    channel = lock.channel(lock.token.decode().split("/", 1)[0])
+    gone = lambda: _subscribers(r, channel) == 0  # noqa: E731
+    r.client_kill_filter(_type="pubsub")  # Redis closes the holder's presence connection
+    services.wait_until(gone, WAIT, "Redis dropping the subscription")
+    assert lock.extend() and _subscribers(r, channel) == 1
+    assert not BeatLock(r, BEAT, 60, identity="host-b").acquire()
+    r.client_kill_filter(_type="pubsub")
+    services.wait_until(gone, WAIT, "Redis dropping the subscription")
+    other = BeatLock(r, BEAT, 60, identity="host-b")
+    assert other.acquire()  # the gap: taken over
+    assert not lock.extend() and not lock.held
+    lock.release()
+    assert r.get(BEAT) == other.token
+
+
+def test_the_previous_releases_beat_sees_an_announced_lock_as_held(r: redis.Redis) -> None:
+    """Compatibility during a rollout: the previous release's lock_acquire.lua finds a
+    lock of this release held (code 0) and leaves it alone, and its extend and release
+    (the same scripts) compare the whole value as before. This release's beat waits out a
+    lock of the previous release's (no presence to ask), and takes it once it is free."""
+    new = BeatLock(r, BEAT, 60, identity="host-a")
+    assert new.acquire()
+    released = r.register_script(RELEASED_ACQUIRE)
+    code, value = released(keys=[BEAT], args=["0dd", 60_000])
+    assert (int(code), value) == (0, new.token)
+    assert new.extend() and r.get(BEAT) == new.token
+    new.release()
+    code, old_value = released(keys=[BEAT], args=["0dd", 15_000])  # the old beat holds
+    assert int(code) == 1 and b"/" not in old_value
+    standby = BeatLock(r, BEAT, 60, identity="host-b")
+    assert not standby.acquire() and standby.holder == old_value.decode()
+    assert "announces no presence" in describe(standby.holder)
+    r.delete(BEAT)  # the old beat's lock expires
+    assert standby.acquire()
+
+
+def test_a_malformed_identity_writes_nothing(r: redis.Redis) -> None:
+    script = r.register_script(scripts.source("lock_acquire"))
+    for identity in ("", "a b", "a@b", "a/b", "x" * 256):
+        assert script(keys=[BEAT], args=["ab", 1000, identity])[0] == -7, identity
+    assert r.exists(BEAT) == 0
+    assert clean_identity("pod name/1@x") == "pod-name-1-x"
+    assert clean_identity("") == "beat" and len(clean_identity("h" * 300)) == 255
