@@ -37,6 +37,7 @@ from rich.table import Table
 from starlette.applications import Starlette
 
 from bench import servers
+from bench.measure import met
 from bench.servers import free_port, wait_until
 from leafpool.children import die_with_parent
 from leafpool.redis.pool import Pool
@@ -323,10 +324,10 @@ def targets(runs: list[Run], default: Config, connections: int) -> Table:
     if wide:
         t.add_row(f"req/s per server core, {connections} connections",
                   f"{wide.rps_per_core:,.0f}", f">= {per_core:,.0f}",
-                  "yes" if wide.rps_per_core >= per_core else "NO")
+                  met(wide.rps_per_core >= per_core))
     if narrow:
         t.add_row("p99 at 4 connections", f"{narrow.p99_ms:.2f} ms",
-                  f"<= {LEAF_TP999_MS:g} ms", "yes" if narrow.p99_ms <= LEAF_TP999_MS else "NO")
+                  f"<= {LEAF_TP999_MS:g} ms", met(narrow.p99_ms <= LEAF_TP999_MS))
     return t
 
 

@@ -3,10 +3,41 @@ so that the figures compared with each other see the same machine."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+
+#: ``python -m bench --smoke``: its figures mean nothing by design (tiny sizes), so no
+#: target is judged on them (set once by bench/__main__.py)
+SMOKE_RUN = False
+
+
+def met(ok: bool) -> str:
+    """A targets table's "met" cell: yes or NO, or, in a smoke run, not judged."""
+    if SMOKE_RUN:
+        return "not judged (smoke)"
+    return "yes" if ok else "NO"
+
+
+@contextlib.contextmanager
+def meant_failures(*loggers: str) -> Iterator[None]:
+    """The warnings of what a section does on purpose (a database killed: refills fail, the
+    store moves to another node, the database is reachable again) unprinted while it
+    runs: the section's table counts and times them, and bare on stderr ("refill failed:
+    ... Can't connect to MySQL server") they read like a broken install. An ERROR still
+    prints."""
+    chosen = [logging.getLogger(name) for name in loggers]
+    levels = [logger.level for logger in chosen]
+    for logger in chosen:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(chosen, levels, strict=True):
+            logger.setLevel(level)
 
 
 @dataclass

@@ -54,6 +54,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from bench import servers
+from bench.measure import met
 from leafpool.client import Client
 from leafpool.core.config import load_settings
 from leafpool.orm.batch import IdBatches
@@ -371,7 +372,7 @@ def targets(arms: list[Arm]) -> Table:
             base = by[name]
             ratio = _ratio(arm, base)
             t.add_row(arm.name, name, f"{ratio:.2f}x", f"{arm.total_s / base.total_s:.2f}x",
-                      f"<= {TARGET}x", "yes" if ratio <= TARGET else "NO")
+                      f"<= {TARGET}x", met(ratio <= TARGET))
     return t
 
 

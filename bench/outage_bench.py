@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import servers
+from bench.measure import meant_failures
 from leafpool.core.config import load_settings
 from leafpool.core.errors import LeafpoolError
 from leafpool.redis.pool import Pool
@@ -164,12 +165,13 @@ def one_rate(url: str, db: Server, rate: int, sizes: OutageSizes) -> Row:
         try:
             seconds = 0
             limit = 2 * row.computed_s + 60
-            while seconds < limit:
-                got = sim.second()
-                if got < rate:
-                    row.survived_s = seconds + got / rate
-                    break
-                seconds += 1
+            with meant_failures("leafpool.refill.base"):  # every allocation fails
+                while seconds < limit:
+                    got = sim.second()
+                    if got < rate:
+                        row.survived_s = seconds + got / rate
+                        break
+                    seconds += 1
             row.failed_refills = sim.failed
         finally:
             db.start(timeout=60)
@@ -186,7 +188,9 @@ def _mb(n: float) -> str:
 def table(rows: list[Row], sizes: OutageSizes) -> Table:
     t = Table(title=f"Database outage at a steady rate (LEAFPOOL_OUTAGE_SECONDS="
                     f"{sizes.outage_seconds:g}, POOL_SECONDS={sizes.pool_seconds:g}, step "
-                    f"{sizes.step:,}; MariaDB killed after {sizes.warm_s} s at the rate)")
+                    f"{sizes.step:,}; MariaDB killed after {sizes.warm_s} s at the rate)",
+              caption="refills failed: the allocations MariaDB did not answer while down, "
+                      "as this section means them to")
     for col in ("IDs/s", "list IDs", "reserve IDs (ranges)", "survived, measured",
                 "computed", "refills failed", "Redis: list / reserve / state",
                 "in the list instead", "run"):

@@ -24,6 +24,10 @@ from tests.support.faultproxy import FaultProxy
 from tests.support.servers import NotInstalled
 from tests.support.tls import Pki, make_pki
 
+# after a run with failures, only the failed tests' tmp_path stays (not the fixtures'
+# shared directories: a CA's keys, compose files)
+pytest_plugins = ["tests.support.tmp_retention"]
+
 _db_counter = itertools.count()
 
 

@@ -18,6 +18,7 @@ import uvicorn
 from leafpool.core.config import Settings
 from leafpool.http import create_app
 from leafpool.redis.pool import Pool
+from tests.support.processes import own_home
 from tests.support.services import free_port, missing, port_open, wait_until
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu",
@@ -105,9 +106,9 @@ def test_cache_page_renders_tags_and_figures_in_chromium(
     r.rpush("leafpool:{sf}:ids", *range(100, 150))
 
     profile = tmp_path / "chromium-profile"
-    done = subprocess.run(
+    done = subprocess.run(  # its crash reports and caches in tmp_path, not in $HOME
         [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom",
-         f"{served}/cache"],
+         f"{served}/cache"], env=own_home(tmp_path / "home", temp=False),
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     dom = Rows()

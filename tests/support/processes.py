@@ -162,5 +162,22 @@ def leafpool_env(raw: dict[str, str] | None = None, **settings: object) -> dict[
     return env
 
 
+def own_home(directory: Path, temp: bool = True) -> dict[str, str]:
+    """This process's environment with HOME and the XDG directories in ``directory``, and
+    TMPDIR too (``temp``): a tool that writes caches or crash reports there (chromium's
+    ``~/.config/chromium/Crash Reports``, checkov's ``~/.cache/checkov`` and its lark cache
+    in the temporary folder) leaves nothing in the user's home or /tmp once ``directory``
+    is removed (a test's tmp_path is, when the test passes). Chromium keeps the system's
+    TMPDIR (``temp=False``): its socket path there must stay short, and it removes it."""
+    dirs = {"HOME": directory, "XDG_CONFIG_HOME": directory / ".config",
+            "XDG_CACHE_HOME": directory / ".cache", "XDG_DATA_HOME": directory / ".local",
+            "XDG_STATE_HOME": directory / ".state"}
+    if temp:
+        dirs["TMPDIR"] = directory / "tmp"
+    for path in dirs.values():
+        path.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, **{name: str(path) for name, path in dirs.items()}}
+
+
 def read_ids(*files: Path) -> list[list[int]]:
     return [[int(x) for x in f.read_text().split()] if f.exists() else [] for f in files]

@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -35,7 +36,7 @@ import pytest
 import redis
 import yaml
 
-from tests.support.processes import Proc, leafpool_env
+from tests.support.processes import Proc, leafpool_env, own_home
 from tests.support.services import ROOT, free_port, port_open, unavailable, wait_until
 
 K8S = ROOT / "ops" / "k8s"
@@ -100,14 +101,18 @@ def rendered(request: pytest.FixtureRequest, renders: dict[str, Rendered]) -> Re
 
 @pytest.fixture(scope="module")
 def checkov_report(rendered: Rendered) -> dict[str, Any]:
-    """checkov run once per overlay (it takes seconds) with the overlay's configuration."""
+    """checkov run once per overlay (it takes seconds) with the overlay's configuration;
+    its caches (``~/.cache/checkov``, a lark cache in the temporary folder) in a directory
+    removed after it, not in $HOME or /tmp."""
     exe = Path(sys.executable).with_name("checkov")
     if not exe.exists():
         unavailable("checkov is not installed (pip install -e '.[test]')")
     config = K8S / "checkov" / f"{rendered.overlay}.yaml"
-    done = subprocess.run([str(exe), "--config-file", str(config), "-f", str(rendered.path),
-                           "-o", "json", "--skip-download"],  # offline
-                          capture_output=True, text=True, timeout=300, cwd=rendered.path.parent)
+    with tempfile.TemporaryDirectory(prefix="leafpool-checkov-") as scratch:
+        done = subprocess.run([str(exe), "--config-file", str(config), "-f",
+                               str(rendered.path), "-o", "json", "--skip-download"],  # offline
+                              capture_output=True, text=True, timeout=300,
+                              cwd=rendered.path.parent, env=own_home(Path(scratch)))
     report = json.loads(done.stdout)
     if isinstance(report, list):
         (report,) = [r for r in report if r.get("check_type") == "kubernetes"]

@@ -22,6 +22,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from tests.support.processes import own_home
+
 ROOT = Path(__file__).resolve().parents[2]
 REQS = ROOT / "requirements"
 LOCKS = {"dev.txt": ["monitor", "mysql8", "test", "bench"], "run.txt": ["monitor", "mysql8"]}
@@ -161,7 +163,7 @@ def test_checkov_runs_beside_the_overridden_packaging(tmp_path: Path) -> None:
     if not checkov.exists():
         pytest.skip("checkov is not installed in this venv")
     done = subprocess.run([str(checkov), "--version"], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=own_home(tmp_path / "home"))
     assert done.returncode == 0, done.stderr
     assert Version(done.stdout.strip()) == Version(read_lock("dev.txt")["checkov"].version)
     assert Version(md.version("packaging")) >= Version("24")
@@ -169,5 +171,6 @@ def test_checkov_runs_beside_the_overridden_packaging(tmp_path: Path) -> None:
     pod.write_text("apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\nspec:\n  containers:\n"
                    "  - name: c\n    image: busybox:1.36\n")
     scan = subprocess.run([str(checkov), "-f", str(pod), "--framework", "kubernetes",
-                           "--compact", "--quiet"], capture_output=True, text=True, timeout=300)
+                           "--compact", "--quiet"], capture_output=True, text=True, timeout=300,
+                          env=own_home(tmp_path / "home"))  # its caches: not in $HOME, /tmp
     assert scan.returncode == 1 and "CKV_K8S_" in scan.stdout, scan.stdout + scan.stderr
