@@ -334,3 +334,52 @@ def test_a_pop_below_low_water_is_refilled_by_the_beats_watcher_without_a_sweep(
     services.wait_until(lambda: _refills(r, "order") > refills, 60, "refill after the drop")
     assert r.hget("leafpool:{order}:hits", "empty_hits") is None
     services.wait_until(_has_ids(r, "order", 1000), 60, "order full again")
+
+
+def test_a_worker_rides_a_broker_restart_with_a_refill_in_flight(
+    sqlite_url: str, tmp_path: Path, procs: list[Proc]
+) -> None:
+    """docs/design.md §3.9 with a plain Redis broker: the server is SIGKILLed and started
+    again on its data while a refill is in flight (held by a write lock on its SQLite
+    database), so a task is unacknowledged when the connection breaks. Celery 5.7's worker
+    exited there ("Unrecoverable error: AttributeError ... 'hostname'"); now it reconnects
+    and runs the next task, the same process."""
+    import sqlite3
+
+    server = services.redis_server()
+    try:
+        url = server.extra["url"]
+        store = SegmentStore.from_url(sqlite_url)
+        store.init_schema()
+        store.add_tag("order", step=1000)
+        store.engine.dispose()
+        log = tmp_path / "worker.log"
+        procs.append(worker(leafpool_env(redis_url=url, database_url=sqlite_url), log))
+        sender = Celery(broker=url)
+        sender.conf.broker_transport_options = {"global_keyprefix": "leafpool-broker:"}
+        r = redis.Redis.from_url(url)
+        writer = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), timeout=30,
+                                 isolation_level=None)
+        try:
+            writer.execute("BEGIN IMMEDIATE")  # the refill's allocation waits behind it
+            sender.send_task("leafpool.refill_segment", args=["order", True],
+                             queue="leafpool.segment")
+            services.wait_until(lambda: bool(r.exists("leafpool:{order}:lock")), 60,
+                                "the refill running (its lock taken)")
+            server.kill()
+            services.wait_until(lambda: "Connection to broker lost" in log.read_text(), 30,
+                                "the worker seeing its broker connection drop")
+            writer.execute("ROLLBACK")
+        finally:
+            writer.close()
+        server.start()
+        before = _refills(r, "order")
+        sender.send_task("leafpool.refill_segment", args=["order", True],
+                         queue="leafpool.segment")
+        services.wait_until(lambda: not procs[0].alive() or _refills(r, "order") > before, 90,
+                            "a task sent after the restart run by the same worker")
+        assert procs[0].alive(), "the worker exited on the broker's restart"
+        assert "Unrecoverable error" not in log.read_text()
+        r.close()
+    finally:
+        server.stop()
