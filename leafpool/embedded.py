@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_CONF = ROOT / "ops" / "redis" / "redis.conf"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Celery's warning to a worker started as root, silenced in the worker ``up`` starts: the
+#: hazard it guards (C_FORCE_ROOT) is pickle, and leafpool's workers accept JSON only
+#: (workers/application.py); every child of ``up`` runs as whoever runs it
+CELERY_ROOT_WARNING = "ignore:You're running the worker with superuser privileges"
 STOP_SECONDS = 15.0  # worker, beat, HTTP: SIGTERM, then SIGKILL to the process group
 REDIS_STOP_SECONDS = 30.0  # redis-server: SIGTERM (closes its AOF), then SIGKILL
 POLL_SECONDS = 0.1
@@ -116,7 +120,8 @@ class Embedded:
 
     # -- children -----------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: list[str], keeps_data: bool = False) -> Child:
+    def _spawn(self, name: str, argv: list[str], keeps_data: bool = False,
+               env: dict[str, str] | None = None) -> Child:
         self.check()
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -128,7 +133,7 @@ class Embedded:
         lifeline = die_with_parent(signal.SIGTERM if keeps_data else signal.SIGKILL)
         with open(logs / f"{name}.log", "ab") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                    start_new_session=True, preexec_fn=lifeline)
+                                    env=env, start_new_session=True, preexec_fn=lifeline)
         child = Child(name, proc, keeps_data)
         self.children.append(child)
         self.say(f"  started {name} (pid {proc.pid}, log {logs / (name + '.log')})")
@@ -154,6 +159,8 @@ class Embedded:
                 "LEAFPOOL_REDIS_URL at a running Redis")
         data = self.home / "redis"
         data.mkdir(parents=True, exist_ok=True)
+        log_file = self.home / "logs" / "redis.log"
+        log_start = log_file.stat().st_size if log_file.exists() else 0
         server = self._spawn("redis", [binary, str(REDIS_CONF), "--port", str(url.port or 6379),
                                        "--bind", "127.0.0.1", "--dir", str(data),
                                        "--daemonize", "no"], keeps_data=True)
@@ -166,10 +173,15 @@ class Embedded:
             if time.monotonic() > deadline:
                 raise BackendUnavailable("redis: started but not answering")
             self.pause(0.1)  # polling for the server to accept connections
+        for warning in redis_warnings(log_file, log_start):
+            self.say(f"  redis-server warns (its log): {warning}")
 
     def start_celery(self) -> None:
         celery = [sys.executable, "-m", "celery", "-A", "workers"]
-        self._spawn("worker", [*celery, "worker", "--loglevel=INFO", "-c", "2"])
+        warnings = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), CELERY_ROOT_WARNING)
+                            if w)
+        self._spawn("worker", [*celery, "worker", "--loglevel=INFO", "-c", "2"],
+                    env={**os.environ, "PYTHONWARNINGS": warnings})
         self._spawn("beat", [*celery, "beat", "--loglevel=INFO",
                              "-s", str(self.home / "celerybeat-schedule")])
 
@@ -200,6 +212,21 @@ class Embedded:
         stateless = [c for c in reversed(self.children) if not c.keeps_data]
         _terminate(stateless, STOP_SECONDS)
         _terminate([c for c in self.children if c.keeps_data], REDIS_STOP_SECONDS)
+
+
+def redis_warnings(log_file: Path, start: int) -> list[str]:
+    """The warnings redis-server wrote to its log from byte ``start`` on (``# WARNING
+    Memory overcommit must be enabled! ... run the command 'sysctl
+    vm.overcommit_memory=1' ...``): ``up`` says them, each with what to do as Redis
+    words it, where they would otherwise sit unseen in the log."""
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    return [line.split(" # WARNING ", 1)[1].strip() for line in text.splitlines()
+            if " # WARNING " in line]
 
 
 def _signal_group(child: Child, sig: int) -> None:

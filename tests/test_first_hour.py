@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -61,14 +62,52 @@ def test_every_command_up_prints_works_as_typed(tmp_path: Path) -> None:
                     if line.startswith("  ") and line.strip()]
         assert len(commands) >= 5, up.seen
         assert not [c for c in commands if c.startswith(("leafpool ", "curl "))], commands
-        for command in commands:
-            done = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, timeout=60,
+        def bash(command: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, timeout=60,
                                   capture_output=True, text=True)
+
+        for command in commands:
+            done = bash(command)
             assert done.returncode == 0 and done.stdout.strip(), (command, done.stderr)
             if " pop " in command or "LPOP" in command or "urlopen" in command:
                 assert re.search(r"\d", done.stdout), (command, done.stdout)
+        _readme_opening_works_as_printed(bash, port, http_port)
+        # the warnings nobody saw in the logs (issue 27): Redis's said by up, each with
+        # its fix; Celery's about root silenced (JSON only: its pickle hazard is not ours)
+        logs = tmp_path / "home" / "logs"
+        assert "superuser privileges" not in (logs / "worker.log").read_text()
+        warned = [line for line in (logs / "redis.log").read_text().splitlines()
+                  if " # WARNING " in line]
+        said = [line for line in up.seen if line.startswith("  redis-server warns")]
+        assert [w.split(" # WARNING ", 1)[1] for w in warned] == [
+            s.split("(its log): ", 1)[1] for s in said], (warned, said)
     finally:
         up.kill()
+
+
+def _readme_opening_works_as_printed(bash: Callable[[str], subprocess.CompletedProcess[str]],
+                                     port: int, http_port: int) -> None:
+    """The README's first examples with ``leafpool up`` running (issue 27: they used a tag
+    ``order`` it does not make): its LPOPs take IDs, its HTTP line without curl serves one,
+    and the tags the rest of the README uses are added as its "First hour" says, then
+    filled by up's worker."""
+    opening = (ROOT / "README.md").read_text().split("\n## ", 1)[0]
+    lpops = re.findall(r"^(redis-cli LPOP .*?)\s+#", opening, re.M)
+    assert len(lpops) == 2, lpops
+    for line in lpops:
+        done = bash(line.replace("redis-cli", f"redis-cli -p {port}", 1))
+        assert re.search(r"^\d+$", done.stdout, re.M), (line, done.stdout, done.stderr)
+    (http,) = re.findall(r"^  `(python3 -c .*)`$", opening, re.M)
+    done = bash(http.replace(":8080/", f":{http_port}/"))
+    assert re.fullmatch(r"\d+\s*", done.stdout), (http, done.stdout, done.stderr)
+    adds = re.findall(r"`\./dev leafpool (tag add [^`]+)`", opening.replace("\n  ", " "))
+    assert [a.split()[2] for a in adds] == ["order", "orderno"], adds
+    for add in adds:
+        done = bash(f"{LEAFPOOL} {add}")
+        assert done.returncode == 0, (add, done.stderr)
+    for tag in ("order", "orderno"):
+        services.wait_until(lambda tag=tag: bash(f"{LEAFPOOL} pop {tag} -n 5").returncode == 0,
+                            30, f"IDs of {tag}, added while up runs")
 
 
 def test_dev_runs_leafpool_without_a_build_backend_warning(tmp_path: Path) -> None:

@@ -246,7 +246,7 @@ def test_a_pool_left_idle_by_a_previous_run_claims_no_rate(
     pool: Pool, r: redis.Redis, make_settings: Callable[..., Settings], redis_url: str
 ) -> None:
     """As ``./dev up`` restarted finds its pools (issue 27): real refills measured 9.3
-    IDs/s an hour ago and nothing was popped since; ``leafpool status`` (a real process,
+    IDs/s an hour ago and only its own 5 pops came since; ``leafpool status`` (a real process,
     piped) shows no rate and no time left for it, while a pool measured now keeps its
     rate; a step grown from the table step says so, and ``tag list`` calls its column
     the table step."""
@@ -262,6 +262,7 @@ def test_a_pool_left_idle_by_a_previous_run_claims_no_rate(
             assert len(r.lpop(f"leafpool:{{{tag}}}:ids", 93) or []) == 93
             clock.advance(10.0)
             refiller.refill(tag, force=True)
+    assert len(r.lpop("leafpool:{idle}:ids", 5) or []) == 5  # what `leafpool up` pops at start
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
     env.update({"LEAFPOOL_REDIS_URL": redis_url, "LEAFPOOL_DATABASE_URL": settings.database_url,
                 "LEAFPOOL_HOME": os.environ["LEAFPOOL_HOME"], "COLUMNS": "200"})

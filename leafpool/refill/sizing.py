@@ -57,22 +57,24 @@ def smooth_rate(previous: float, consumed: int, elapsed: float, alpha: float) ->
 #: a rate a refill measured counts half after this many seconds; the mean consumption
 #: since the measurement counts for the rest
 RATE_HALF_LIFE_SECONDS = 10.0
-#: nothing consumed for this long since the measurement: the pool is idle, its rate 0
+#: fewer than one ID consumed per this many seconds since the measurement (none at all
+#: included): the pool is idle, its rate 0
 IDLE_SECONDS = 60.0
 
 
 def rate_now(measured: float, consumed_since: int, elapsed: float,
              half_life: float = RATE_HALF_LIFE_SECONDS, idle: float = IDLE_SECONDS) -> float:
     """The consumption rate now, from the ``measured`` rate a refill recorded ``elapsed``
-    seconds ago and the IDs consumed since: 0 once nothing was consumed for ``idle``
-    seconds; else the mean since the measurement, with the measured rate weighted by
-    how recent it is (its weight halves every ``half_life``). A pool nobody pops keeps
-    no rate of a run long gone; a busy pool, refilled every few seconds, shows what it
-    is measured at."""
+    seconds ago and the IDs consumed since: 0 once at least ``idle`` seconds passed with
+    fewer than one ID consumed per ``idle`` seconds on average (``./dev up`` restarted an
+    hour later pops a handful: idle still); else the mean since the measurement, with the
+    measured rate weighted by how recent it is (its weight halves every ``half_life``). A
+    pool nobody pops keeps no rate of a run long gone; a busy pool, refilled every few
+    seconds, shows what it is measured at."""
     if elapsed <= 0:  # just measured (or the measuring host's clock is ahead)
         return max(measured, 0.0)
     consumed_since = max(consumed_since, 0)
-    if consumed_since == 0 and elapsed >= idle:
+    if elapsed >= idle and consumed_since * idle < elapsed:
         return 0.0
     weight: float = 0.5 ** (elapsed / half_life)
     return max(weight * measured + (1 - weight) * consumed_since / elapsed, 0.0)

@@ -113,5 +113,6 @@ def test_the_rate_now_forgets_a_measurement_nobody_pops_after() -> None:
     assert rate_now(9.3, 0, IDLE_SECONDS) == 0.0
     assert rate_now(9.3, 0, 3600.0) == 0.0  # a previous run's rate
     assert rate_now(100.0, 3000, 30.0) == pytest.approx(100.0)  # still popped at 100/s
-    assert rate_now(9.3, 5, 600.0) == pytest.approx(5 / 600, rel=0.01)  # 5 pops in 10 min
+    assert rate_now(9.3, 8, 600.0) == 0.0  # ./dev up's own pops, 10 min after: idle still
+    assert rate_now(9.3, 60, 600.0) == pytest.approx(60 / 600, rel=0.01)  # one ID each 10 s
     assert rate_now(9.3, -40, 3600.0) == 0.0  # the counters went back (a re-created tag)
