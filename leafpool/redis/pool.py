@@ -56,6 +56,7 @@ class Pool(Pops, ManyTags):
         self._record = registered["record"]
         self._drop = registered["drop"]
         self._dry = registered["dry"]
+        self._trim = registered["trim_reserve"]
         self._ids_keys: dict[str, str] = {}
 
     # -- locks ----------------------------------------------------------------------------
@@ -263,6 +264,22 @@ class Pool(Pops, ManyTags):
         if result < 0:
             raise StaleWrite(f"{tag}: reserve range {segment.encode()} refused: "
                              f"{scripts.REFUSALS[result]}", code=result)
+        return result
+
+    def trim_reserve(self, tag: str, token: bytes, below: int | None = None,
+                     limit: int = 1000) -> int:
+        """Drop the reserve's head ranges that start at or below the high-water mark, and
+        with ``below`` those that end at or below it (``trim_reserve.lua``: a snowflake
+        tag's reserve, docs/design.md §8.7); at most ``limit`` ranges. The number dropped
+        (a gap, never handed out); :class:`StaleWrite` when the lock is lost."""
+        k = self.tag(tag)
+        with redis_errors(f"{tag}: trim reserve"):  # the same conditions: safe to repeat
+            result = int(safely(lambda: self._trim(
+                keys=[k.reserve, k.state, k.lock],
+                args=[token, "" if below is None else str(below), str(limit)])))
+        if result < 0:
+            raise StaleWrite(f"{tag}: reserve trim refused: {scripts.REFUSALS[result]}",
+                             code=result)
         return result
 
     # -- failovers (docs/design.md §7.1) ---------------------------------------------------

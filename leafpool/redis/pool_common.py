@@ -12,7 +12,8 @@ from typing import Any
 from leafpool.core.keys import TagKeys
 from leafpool.redis import scripts
 
-SCRIPTS = ("push_ids", "append_reserve", "take_reserve", "push_fresh", "record", "drop", "dry")
+SCRIPTS = ("push_ids", "append_reserve", "take_reserve", "push_fresh", "record", "drop", "dry",
+           "trim_reserve")
 
 
 @dataclass(frozen=True)

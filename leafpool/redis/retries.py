@@ -23,6 +23,8 @@ push_ids, push_fresh, append_reserve        yes     fenced: a repeat of a write 
                                                         caller then checks whether it was its
                                                         own (:mod:`leafpool.redis.pool`)
 drop                                        yes     a repeat finds the keys gone
+trim_reserve                                yes     a repeat drops only head ranges that
+                                                        still meet its conditions
 wanted set: SMEMBERS, then SREM of those    yes     idempotent (SPOP was not)
 LPOP, LPOP n, BLPOP, take_reserve,          no      the reply carried the IDs: a repeat takes
 [LPOP, WAIT]                                            others; the lost ones are a gap,

@@ -24,6 +24,7 @@ Retrying after a lost reply (the script may or may not have run):
 - ``record``: fields are safe (HSET writes the same values), counters are not (HINCRBY
   counts twice).
 - ``drop``: safe; a repeat finds no state and returns 1 again.
+- ``trim_reserve``: safe; a repeat drops only head ranges that still meet its conditions.
 """
 
 from __future__ import annotations

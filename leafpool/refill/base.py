@@ -48,6 +48,10 @@ class SourceUnavailable(BackendUnavailable):
     #: of the tag was queued meanwhile): this failure's retry is the tag's one
     #: (leafpool.refill.retry)
     requeued: bool = False
+    #: the source is the database (a segment tag's; a snowflake tag's worker-ID registry
+    #: in mode mysql): the failure record says since when it is unreachable
+    #: (``db_unreachable_ms``). False: another source (ZooKeeper), retried the same way
+    database: bool = True
 
 
 @dataclass
@@ -107,15 +111,23 @@ class Refiller(ABC):
     def _now_ms(self) -> int:
         return int(self._wall() * 1000)
 
-    def refill(self, tag: str, force: bool = False) -> RefillResult:
+    def refill(self, tag: str, force: bool = False, clear_queued: bool = False) -> RefillResult:
         """Refill ``tag`` if it is below its low-water mark (or not full, with ``force``).
 
-        Returns ``skipped="locked"`` when another refiller holds the tag.
+        Returns ``skipped="locked"`` when another refiller holds the tag. ``clear_queued``:
+        the caller is the task the tag's ``queued`` marker stands for; the marker is cleared
+        once the lock is taken (or found held), not before: in between, a trigger reading
+        the tag would find it due, unlocked and unmarked, and queue a second refill
+        (docs/design.md §3.7).
         """
         lock = self.pool.refill_lock(tag, self.settings.lock_ttl_ms, self._monotonic)
         if not lock.acquire():
+            if clear_queued:  # the refill holding the lock fills it; its release is heard
+                self.pool.clear_queued(tag)
             return RefillResult(tag, skipped="locked")
         with lock:
+            if clear_queued:
+                self.pool.clear_queued(tag)
             snap = self._ensure_known(tag)  # UnknownTag: nothing recorded (no keys made)
             mode = snap.state.get("mode", "segment")
             if mode != self.mode:
@@ -144,15 +156,18 @@ class Refiller(ABC):
         return result
 
     @contextlib.contextmanager
-    def from_source(self) -> Iterator[None]:
-        """Around a call to the refiller's source (an allocation): its
-        :class:`BackendUnavailable` goes up as :class:`SourceUnavailable`."""
+    def from_source(self, database: bool = True) -> Iterator[None]:
+        """Around a call to the refiller's source (an allocation; a snowflake generator's
+        worker-ID registry): its :class:`BackendUnavailable` goes up as
+        :class:`SourceUnavailable` (``database``: whether that source is the database)."""
         try:
             yield
         except SourceUnavailable:
             raise
         except BackendUnavailable as exc:
-            raise SourceUnavailable(*exc.args) from exc
+            error = SourceUnavailable(*exc.args)
+            error.database = database
+            raise error from exc
 
     def _source_back(self, snap: Snapshot, result: RefillResult) -> dict[str, object]:
         """The fields that clear ``db_unreachable_ms`` when this refill allocated (the
@@ -178,7 +193,7 @@ class Refiller(ABC):
         # second while the list is low (leafpool.refill.retry), log at INFO
         source: dict[str, object] = {}
         level = logging.ERROR if isinstance(exc, CounterBehind) else logging.WARNING
-        if isinstance(exc, SourceUnavailable):
+        if isinstance(exc, SourceUnavailable) and exc.database:
             since = snap.int("db_unreachable_ms")
             if since:
                 level = logging.INFO

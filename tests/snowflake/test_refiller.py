@@ -1,5 +1,6 @@
-"""Snowflake pools: refills from a leased generator, fenced by the tag's lock and
-high-water ID, with clock trouble recorded and the pool left serving."""
+"""Snowflake pools without a reserve (LEAFPOOL_SNOWFLAKE_RESERVE_SECONDS=0): refills from a
+leased generator, fenced by the tag's lock and high-water ID, with clock trouble recorded
+and the pool left serving."""
 
 from __future__ import annotations
 
@@ -32,8 +33,10 @@ def make(pool: Pool, settings: Settings, worker: int, ms: FakeMsClock, cache: st
 
 @pytest.fixture
 def settings(make_settings: Callable[..., Settings]) -> Settings:
+    """Without a reserve: batches generated at the refill and pushed as they are (the
+    reserve: tests/snowflake/test_reserve.py)."""
     return make_settings(snowflake_mode="local", pool_floor=3000, pool_ceiling=50_000,
-                         chunk_size=1000)
+                         chunk_size=1000, snowflake_reserve_seconds=0)
 
 
 def pop_all(r: redis.Redis, tag: str) -> list[int]:

@@ -128,6 +128,16 @@ class LeasedGenerator:
             self._record(generator)
             return ranges
 
+    def live(self) -> bool:
+        """Claimed, and the lease surely held right now (no source asked)."""
+        if self.generator is None:
+            return False
+        try:
+            self.registry.check()
+        except WorkerIdUnavailable:
+            return False
+        return True
+
     def _live(self) -> SnowflakeGenerator:
         """The generator, once the lease is surely held: claimed if it was not, renewed
         now if its deadline passed (the source down meanwhile: BackendUnavailable)."""
