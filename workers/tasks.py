@@ -30,7 +30,8 @@ REFILL_OPTIONS: dict[str, Any] = {"bind": True, "max_retries": None}
 
 def _refill(task: Task, tag: str, force: bool, refiller: Refiller) -> dict[str, object]:
     try:
-        return refiller.refill(tag, force=force).as_dict()
+        # the task clears its queued marker once the refill holds the lock (docs/design.md §3.7)
+        return refiller.refill(tag, force=force, clear_queued=True).as_dict()
     except UnknownTag:
         log.info("%s: not a tag any more, refill dropped", tag)
         return {"tag": tag, "skipped": "unknown tag"}
@@ -46,17 +47,13 @@ def _refill(task: Task, tag: str, force: bool, refiller: Refiller) -> dict[str, 
 @app.task(name="leafpool.refill_segment", **REFILL_OPTIONS)
 def refill_segment(self: Task, tag: str, force: bool = False) -> dict[str, object]:
     """Refill one segment tag; the result (IDs pushed, segments, step) shows in Flower."""
-    rt = runtime()
-    rt.pool.clear_queued(tag)
-    return _refill(self, tag, force, rt.refiller)
+    return _refill(self, tag, force, runtime().refiller)
 
 
 @app.task(name="leafpool.refill_snowflake", **REFILL_OPTIONS)
 def refill_snowflake(self: Task, tag: str, force: bool = False) -> dict[str, object]:
     """Refill one snowflake tag from this process's worker ID (claimed on first use)."""
-    rt = runtime()
-    rt.pool.clear_queued(tag)
-    return _refill(self, tag, force, rt.snowflake_refiller())
+    return _refill(self, tag, force, runtime().snowflake_refiller())
 
 
 @app.task(name="leafpool.sweep")
@@ -86,9 +83,9 @@ def refill_segments(tags: list[str], force: bool = False) -> dict[str, object]:
     tag's result or failure shows in Flower. A failed tag is queued again by the drop
     watcher when its hold ends, or by the sweep."""
     rt = runtime()
-    return refill_many(lambda tag: rt.refiller.refill(tag, force=force), tags,
-                       threads=rt.settings.refill_batch_threads,
-                       before=rt.pool.clear_queued, keep=_keep_queued(rt.pool)).as_dict()
+    return refill_many(lambda tag: rt.refiller.refill(tag, force=force, clear_queued=True),
+                       tags, threads=rt.settings.refill_batch_threads,
+                       keep=_keep_queued(rt.pool)).as_dict()
 
 
 @app.task(name="leafpool.refill_snowflakes")
@@ -96,8 +93,8 @@ def refill_snowflakes(tags: list[str], force: bool = False) -> dict[str, object]
     """Refill a batch of snowflake tags from this process's worker ID, one at a time."""
     rt = runtime()
     refiller = rt.snowflake_refiller()
-    return refill_many(lambda tag: refiller.refill(tag, force=force), tags,
-                       before=rt.pool.clear_queued, keep=_keep_queued(rt.pool)).as_dict()
+    return refill_many(lambda tag: refiller.refill(tag, force=force, clear_queued=True), tags,
+                       keep=_keep_queued(rt.pool)).as_dict()
 
 
 def _keep_queued(pool: Pool) -> Callable[[list[str]], None]:

@@ -123,3 +123,35 @@ def test_a_running_batch_keeps_the_markers_of_the_tags_it_has_not_reached_short_
     assert [t for t in tags if r.exists(pool.tag(t).queued)] == []
     # the keeper stopped with the batch
     assert not [t for t in threading.enumerate() if t.name == "leafpool-batch-keep"]
+
+
+def test_a_refill_task_clears_its_marker_only_once_it_holds_the_lock(
+    pool: Pool, store: SegmentStore, r: redis.Redis, make_settings: Callable[..., Settings]
+) -> None:
+    """docs/design.md §3.7: cleared before the lock, the marker left a moment in which the
+    drop watcher, reading the tag again, found it due, unlocked and unmarked and queued a
+    second refill (two refused refills 0.2 s apart in tests/system/test_requeue.py). Found
+    locked, the task clears it too: the running refill fills the tag, and its release is
+    heard."""
+    store.add_tag("order", step=50)
+    sync_tags(pool, store)
+    refiller = SegmentRefiller(pool, store, make_settings(pool_floor=30, pool_ceiling=30))
+    seen: list[bool] = []
+    clear = pool.clear_queued
+
+    def clear_and_look(tag: str) -> None:
+        seen.append(bool(r.exists(pool.tag(tag).lock)))
+        clear(tag)
+
+    pool.clear_queued = clear_and_look  # type: ignore[method-assign]
+    assert pool.mark_queued("order", 60)
+    assert refiller.refill("order", clear_queued=True).pushed == 30
+    assert seen == [True] and not r.exists(pool.tag("order").queued)
+    assert pool.mark_queued("order", 60)
+    r.set(pool.tag("order").lock, f"ab@{r.info('replication')['master_replid']}")  # held
+    assert refiller.refill("order", force=True, clear_queued=True).skipped == "locked"
+    assert seen == [True, True] and not r.exists(pool.tag("order").queued)
+    r.delete(pool.tag("order").lock)
+    assert pool.mark_queued("order", 60)
+    refiller.refill("order", force=True)  # a refill of no task's (the CLI): marker kept
+    assert r.exists(pool.tag("order").queued)
