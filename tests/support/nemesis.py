@@ -63,7 +63,7 @@ class RunConfig:
     snowflake_mode: str = "local"
     http: bool = False
     links: bool = False  # workers reach MariaDB (and ZooKeeper) through relays: partitions
-    pace_s: float = 0.01
+    pace_s: float = 0.03  # per tag and client
     policies: tuple[str, ...] = ("wait", "wait", "reserve", "reserve")
 
     def fault_kinds(self) -> dict[str, FaultKind]:

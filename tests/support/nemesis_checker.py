@@ -64,6 +64,9 @@ class Pause:
     faults: list[Interval] = field(default_factory=list)
     failovers: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
+    #: the tag's calls in flight during the pause: 0 means no client asked (the pause is
+    #: the clients', not the tag's)
+    asked: int = 0
 
     @property
     def length(self) -> float:
@@ -299,6 +302,7 @@ def check(calls: Sequence[Call], events: Sequence[Event], tags: dict[str, str],
             p.faults = [f for f, _ in faults if f.start < p.end and f.end > p.start]
             p.failovers = [t for t in switches if p.start <= t <= p.end]
             p.errors = Counter(c.err for c in mine if c.err and p.start <= c.end <= p.end)
+            p.asked = sum(1 for c in mine if c.start < p.end and c.end > p.start)
         r.longest = max(r.pauses, key=lambda p: p.length, default=None)
         if heal is not None:
             after = [t for t in served if t >= heal]

@@ -1,8 +1,10 @@
 """A client process of the nemesis run: ``python -m tests.support.nemesis_client OUT
 TAG:MODE... [--seed N] [--pace S] [--http BASE]``.
 
-It takes IDs all the time until SIGTERM, from every tag in a seeded random order, mixing
-``next_id`` and ``next_ids(n)`` (n from 2 to 20), through leafpool's :class:`Client`
+It takes IDs all the time until SIGTERM, one thread per tag (a tag that runs dry blocks
+its own thread only: the other tags are still asked, so a pause measured on a tag is the
+tag's), each mixing ``next_id`` and ``next_ids(n)`` (n from 2 to 20, seeded), through
+leafpool's :class:`Client` (one, shared by the threads)
 (settings from the environment: Sentinel, ``LEAFPOOL_EMPTY_POLICY``,
 ``LEAFPOOL_POP_REPLICAS``...) or, with ``--http``, through the HTTP service's
 ``/api/<mode>/ids/<tag>?count=n``. Every call is one line of OUT
@@ -91,13 +93,11 @@ def _http_take(base: str) -> tuple[Take, Callable[[], None]]:
 
 def run(out: Path, tags: list[tuple[str, str]], seed: int, pace_s: float,
         http: str | None, stop: threading.Event) -> None:
-    rng = random.Random(seed)
     take, close = _http_take(http) if http else _client_take()
     history = LineWriter(out)
-    print("READY", flush=True)
-    try:
+
+    def loop(tag: str, mode: str, rng: random.Random) -> None:
         while not stop.is_set():
-            tag, mode = tags[rng.randrange(len(tags))]
             n = 1 if rng.random() < 0.4 else rng.randint(2, MAX_N)
             op = "http" if http else "id" if n == 1 else "ids"
             start = time.time()
@@ -105,6 +105,17 @@ def run(out: Path, tags: list[tuple[str, str]], seed: int, pace_s: float,
             history.write(call_record(start, time.time(), tag, op, n, ids, err, msg))
             if pace_s > 0:
                 stop.wait(rng.uniform(0.5, 1.5) * pace_s)
+
+    threads = [threading.Thread(target=loop, args=(tag, mode, random.Random(seed * 10 + i)),
+                                name=f"take-{tag}", daemon=True)
+               for i, (tag, mode) in enumerate(tags)]
+    for t in threads:
+        t.start()
+    print("READY", flush=True)
+    try:
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=0.5)
     finally:
         history.close()
         close()
@@ -115,7 +126,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("tags", nargs="+", help="TAG:MODE (segment or snowflake)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--pace", type=float, default=0.01)
+    parser.add_argument("--pace", type=float, default=0.03)
     parser.add_argument("--http", default=None, help="the HTTP service's base URL")
     args = parser.parse_args()
     tags = [tuple(t.split(":", 1)) for t in args.tags]

@@ -74,7 +74,7 @@ class DeployConfig:
     snowflake_mode: str = "local"  # or "zk"
     http: bool = False
     policies: tuple[str, ...] = ("wait", "wait", "reserve", "reserve")
-    pace_s: float = 0.01
+    pace_s: float = 0.03  # per tag and client
     segment_tags: tuple[str, ...] = ("seg-a", "seg-b")
     snowflake_tag: str = "sf"
     concurrency: int = 2

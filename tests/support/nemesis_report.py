@@ -37,6 +37,8 @@ def cause(report: Report, p: Pause | None) -> str:
         parts.append(f"outlived the faults by {p.outlived_s:.1f} s")
     if p.open_end:
         parts.append("still paused at the end")
+    if not p.asked:
+        parts.append("NOT ASKED: no call of the tag in flight")
     return "; ".join(parts)
 
 

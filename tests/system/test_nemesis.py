@@ -113,6 +113,7 @@ def test_a_pause_is_reported_with_the_fault_in_progress_and_the_master_outage_le
     pause = tag.pauses[0]
     assert [f.what for f in pause.faults] == ["master-kill redis-1"]
     assert pause.failovers == [T0 + 16] and pause.errors == Counter(BackendUnavailable=1)
+    assert pause.asked == 2  # the failing call and the one that ended the pause
     assert pause.outlived_s == pytest.approx(2.1)
     assert "outlived the faults by 2.1 s" in cause(report, pause)
     # 30 windows, 10 without a serve; the master was down 10.5-16 (the failover ended
