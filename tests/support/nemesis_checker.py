@@ -16,15 +16,19 @@ and says, per tag, what the clients were handed and whether leafpool kept its pr
 - **pauses**: every stretch longer than the threshold between two calls that served the
   tag, with the faults in progress during it, the failovers, the clients' errors, and how
   long the pause outlived the last of those faults.
-- **gaps**: ``pushed_total - (handed out + gaps + ready)`` per tag from Redis's counts
-  once the clients stopped (README "Lost replies"): 0 when every ID is accounted for;
-  negative when IDs counted as a gap came back (a pop too few replicas acknowledged was
-  dropped, then lost with its master); positive when IDs went missing uncounted.
+- **gaps**: ``pushed_total - (handed out + gaps + uncounted + ready)`` per tag from
+  Redis's counts once the clients stopped (README "Lost replies"), ``uncounted`` being
+  the gaps the clients could not count (Redis unreachable) and said so in their logs
+  (``gap of N ID(s) not counted``): 0 when every ID is accounted for; negative when IDs
+  counted as a gap came back (a pop too few replicas acknowledged was dropped, then lost
+  with its master; a lost reply counts the IDs asked for); positive when IDs went
+  missing uncounted.
 """
 
 from __future__ import annotations
 
 import bisect
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -113,7 +117,8 @@ class TagReport:
         a = self.accounting
         if not a:
             return None
-        return a["pushed_total"] - (self.handed_out + a["gaps"] + a["ready"])
+        return a["pushed_total"] - (self.handed_out + a["gaps"] + a.get("uncounted", 0)
+                                    + a["ready"])
 
 
 @dataclass
@@ -323,8 +328,25 @@ def check(calls: Sequence[Call], events: Sequence[Event], tags: dict[str, str],
                           None))
 
 
+UNCOUNTED = re.compile(r"^(\S+): gap of (\d+) ID\(s\) not counted")
+
+
+def uncounted(run_dir: Path) -> Counter[str]:
+    """Per tag, the gaps the clients logged as not counted (Redis unreachable)."""
+    out: Counter[str] = Counter()
+    for path in (run_dir / "logs").glob("client-*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if m := UNCOUNTED.match(line):
+                out[m.group(1)] += int(m.group(2))
+    return out
+
+
 def check_run(run_dir: Path, threshold: float = PAUSE_THRESHOLD_S) -> Report:
     """:func:`check` on the files of a run directory."""
     meta = read_json(run_dir / META)
+    accounting = read_json(run_dir / ACCOUNTING)
+    for tag, n in uncounted(run_dir).items():
+        if tag in accounting:
+            accounting[tag]["uncounted"] = n
     return check(read_calls(run_dir), read_events(run_dir), meta.get("tags", {}), meta,
-                 read_json(run_dir / ACCOUNTING), threshold)
+                 accounting, threshold)

@@ -49,6 +49,9 @@ def _pause_text(report: Report, p: Pause | None) -> str:
 
 
 def print_report(console: Console, report: Report, pauses: bool = True) -> None:
+    """The run's tables. "IDs unaccounted" is ``pushed_total - (handed out + gaps +
+    uncounted gaps + ready)`` (tests/support/nemesis_checker.py): 0 when every ID pushed
+    is accounted for."""
     title = (f"nemesis seed {report.seed}, POP_REPLICAS={report.pop_replicas}: "
              f"{report.end - report.start:.0f} s from the first fault to the end, "
              f"{sum(report.faults.values())} faults ({report.skipped} skipped), "
@@ -56,7 +59,7 @@ def print_report(console: Console, report: Report, pauses: bool = True) -> None:
     tags = Table(title=title)
     for col in ("tag", "mode", "IDs", "calls (failed)", "duplicates", "inversions",
                 "availability", "excl. master down", "pauses > 5 s", "longest pause",
-                "first after heal", "pushed - (out+gaps+ready)"):
+                "first after heal", "IDs unaccounted"):
         tags.add_column(col, justify="left" if col in ("tag", "mode") else "right")
     for t in report.tags:
         tags.add_row(

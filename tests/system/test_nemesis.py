@@ -130,7 +130,8 @@ def test_a_tag_that_stops_for_good_is_still_paused_at_the_end() -> None:
 
 def test_the_run_files_round_trip_and_gaps_are_accounted(tmp_path: Path) -> None:
     """What the client processes and the nemesis write is what the checker reads; a last
-    line cut short by a kill is skipped."""
+    line cut short by a kill is skipped; a gap a client could not count (and logged) is
+    accounted for."""
     writer = LineWriter(tmp_path / HISTORY / "client-0.jsonl")
     writer.write(call_record(T0, T0 + 0.1, "t", "ids", 2, [1, 2], None))
     writer.write(call_record(T0 + 1, T0 + 1.1, "t", "id", 1, [], "PoolEmpty", "empty"))
@@ -145,10 +146,14 @@ def test_the_run_files_round_trip_and_gaps_are_accounted(tmp_path: Path) -> None
     write_json(tmp_path / META, {"tags": {"t": "segment"}, "config": {"seed": 7}})
     write_json(tmp_path / "accounting.json",
                {"t": {"pushed_total": 10, "gaps": 3, "ready": 2, "unacked_ids": 0}})
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "client-0-wait.log").write_text(
+        "t: gap of 1 ID(s) not counted: redis: t: count: No master found for 'leafpool'\n")
     report = check_run(tmp_path)
     tag = report.tag("t")
     assert (report.seed, tag.calls, tag.failed, tag.handed_out) == (7, 3, 2, 4)
-    assert tag.balance == 10 - (4 + 3 + 2)
+    assert tag.accounting["uncounted"] == 1
+    assert tag.balance == 10 - (4 + 3 + 1 + 2) == 0  # every ID pushed accounted for
     assert report.errors == {"client-0": Counter(PoolEmpty=2)}
 
 
