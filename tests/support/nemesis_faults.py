@@ -2,17 +2,19 @@
 healing them on the deployment's processes.
 
 A :class:`FaultKind` names a target role (``worker``, ``beat``, ``master``, ``replica``,
-``db``, ``zk``, ``http``: what :class:`Targets` resolves when the fault fires), an
+``db``, ``zk``, ``http``, and the links ``db-link`` and ``zk-link`` of
+tests/support/nemesis_links.py: what :class:`Targets` resolves when the fault fires), an
 :class:`Action` and a range of durations. The schedule (:func:`schedule`) is drawn from
 the seed alone: when each fault fires, which kind, how long, and a number that picks the
 target among the candidates at that moment (which node is the master then depends on the
 run, as in Jepsen). Kinds are dealt from seeded shuffled decks, so that every kind comes
 once before any comes twice: a short run covers them all.
 
-Adding a kind: a :class:`FaultKind` in :data:`KINDS` with an existing action, or a new
-:class:`Action` (a partition through tests/support/faultproxy.py, a clock offset) whose
-``inject`` and ``heal`` do the work; a role the deployment does not have yet needs a
-branch in its ``candidates``.
+Adding a kind: a :class:`FaultKind` with an existing action (a partition is the
+:class:`Pause` of a link), or a new :class:`Action` (a clock offset on a snowflake worker)
+whose ``inject`` and ``heal`` do the work; a role the deployment does not have yet needs a
+branch in its ``candidates``; :class:`~tests.support.nemesis.RunConfig` says which kinds a
+run draws from.
 """
 
 from __future__ import annotations
