@@ -41,7 +41,8 @@ class Runtime:
     def store(self) -> SegmentStore:
         from leafpool.segment.store import SegmentStore
 
-        return SegmentStore.from_url(self.settings.database_url)
+        return SegmentStore.from_url(self.settings.database_url,
+                                     self.settings.database_tls_used)
 
     @cached_property
     def refiller(self) -> SegmentRefiller:

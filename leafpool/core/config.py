@@ -19,7 +19,9 @@ What is checked here, beyond the types:
   are :attr:`Settings.local_map` and :attr:`Settings.token_policy`;
 - ``LEAFPOOL_SNOWFLAKE_NAME`` is a safe path segment;
 - ``LEAFPOOL_REDIS_URL`` is a Redis URL and ``LEAFPOOL_DATABASE_URL`` names a supported
-  database whose driver is installed.
+  database whose driver is installed; the TLS files and the logins of the backends fit
+  the URLs they serve (the base class,
+  :class:`~leafpool.core.backend_settings.BackendSettings`, holds those settings).
 
 Checks that depend on the snowflake mode in use (ZooKeeper hosts, a MySQL URL for mode
 ``mysql``, the renew interval against the lease) are made when the worker-ID registry is
@@ -34,13 +36,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from leafpool.core.backend_settings import BackendSettings
 from leafpool.core.errors import ConfigurationError
 from leafpool.core.setting_values import DATABASE_URL_ENV as DATABASE_URL_ENV
 from leafpool.core.setting_values import LOCAL_MAP_ENV as LOCAL_MAP_ENV
 from leafpool.core.setting_values import REDIS_URL_ENV as REDIS_URL_ENV
-from leafpool.core.setting_values import SENTINELS_ENV, validate_name
 from leafpool.core.setting_values import TOKENS_ENV as TOKENS_ENV
 from leafpool.core.setting_values import LocalMap as LocalMap
 from leafpool.core.setting_values import TokenPolicy as TokenPolicy
@@ -51,8 +53,8 @@ from leafpool.core.setting_values import parse_local_map as parse_local_map
 from leafpool.core.setting_values import parse_pop_replicas as parse_pop_replicas
 from leafpool.core.setting_values import parse_sentinels as parse_sentinels
 from leafpool.core.setting_values import parse_tokens as parse_tokens
+from leafpool.core.setting_values import validate_name
 from leafpool.core.snowflake_layout import MAX_BACKWARDS_MS, validate_epoch, wall_clock_ms
-from leafpool.core.tls import RedisTls, check_tls
 
 MAX_STEP = 1_000_000
 MAX_ID = 2**63 - 1
@@ -66,34 +68,21 @@ def default_home() -> Path:
 
 # -- the settings ---------------------------------------------------------------------------
 
-class Settings(BaseSettings):
-    """Every tunable of leafpool. Field ``foo`` is read from ``LEAFPOOL_FOO``."""
+class Settings(BackendSettings):
+    """Every tunable of leafpool. Field ``foo`` is read from ``LEAFPOOL_FOO``; where the
+    backends are and how to log in to them is the base's
+    (:class:`~leafpool.core.backend_settings.BackendSettings`)."""
 
     # allow_inf_nan=False: every float setting must be a finite number
     model_config = SettingsConfigDict(env_prefix="LEAFPOOL_", extra="ignore", frozen=True,
                                       allow_inf_nan=False)
 
-    # where things live
-    database_url: str = ""
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    broker_url: str = ""
+    # where things live: BackendSettings
     key_prefix: str = "leafpool"
     # the Celery broker's keys and channels on Redis are prefixed with this and a colon
     # (kombu's global_keyprefix), so the worker role's ACL names them in two patterns
     broker_key_prefix: str = "leafpool-broker"
 
-    # Redis topology (docs/design.md §7): one node (LEAFPOOL_REDIS_URL), a Sentinel group
-    # (LEAFPOOL_REDIS_SENTINELS, LEAFPOOL_REDIS_MASTER_NAME; the URL gives the database
-    # number and password), or a Cluster (LEAFPOOL_REDIS_CLUSTER, the URL names any node)
-    redis_sentinels: str = ""
-    redis_master_name: str = "leafpool"
-    redis_cluster: bool = False
-    # TLS (rediss:// URLs; leafpool/core/tls.py): the CA that signed the servers'
-    # certificates (default: the system's), the client certificate and key (mutual TLS)
-    redis_tls_ca_file: str = ""
-    redis_tls_cert_file: str = ""
-    redis_tls_key_file: str = ""
-    redis_tls_check_hostname: bool = True
     # replica-acknowledged pops: IDs are handed out only once WAIT says this many
     # replicas have the pop (0: no acknowledgement, 'all': every replica at start)
     pop_replicas: str = "0"
@@ -159,7 +148,6 @@ class Settings(BaseSettings):
 
     # snowflake (docs/design.md §8)
     snowflake_mode: Literal["zk", "zk_recycle", "mysql", "local", "k8s"] | None = None
-    zk_hosts: str = ""
     snowflake_name: str = "leafpool"
     snowflake_epoch: int = Field(1288834974657, ge=0)
     snowflake_random_sequence: int = Field(100, ge=0, le=4096)
@@ -210,11 +198,6 @@ class Settings(BaseSettings):
     # The validators below raise ConfigurationError themselves (pydantic passes it on
     # unchanged): their messages name the variable and hide secrets.
 
-    @field_validator("redis_url")
-    @classmethod
-    def _redis_url(cls, value: str) -> str:
-        return check_redis_url(value)
-
     @field_validator("snowflake_epoch")
     @classmethod
     def _epoch(cls, value: int) -> int:
@@ -229,12 +212,6 @@ class Settings(BaseSettings):
     @classmethod
     def _local_map(cls, value: str) -> str:
         parse_local_map(value)
-        return value
-
-    @field_validator("redis_sentinels")
-    @classmethod
-    def _sentinels(cls, value: str) -> str:
-        parse_sentinels(value)
         return value
 
     @field_validator("pop_replicas")
@@ -263,20 +240,7 @@ class Settings(BaseSettings):
         if not self.database_url:
             home = default_home()
             object.__setattr__(self, "database_url", f"sqlite:///{home / 'leafpool.sqlite3'}")
-        check_database_url(self.database_url)
-        if self.redis_sentinels and self.redis_cluster:
-            raise ConfigurationError(
-                SENTINELS_ENV, self.redis_sentinels,
-                "not with LEAFPOOL_REDIS_CLUSTER=true: choose Sentinel or Cluster")
-        if not self.broker_url and self.redis_cluster:
-            raise ConfigurationError(
-                "LEAFPOOL_BROKER_URL", "",
-                "required with LEAFPOOL_REDIS_CLUSTER=true: Celery's Redis transport cannot "
-                "use a Redis Cluster; name a separate Redis (redis://...) or Sentinel group "
-                "(sentinel://host:port;sentinel://host:port)")
-        if not self.broker_url:
-            object.__setattr__(self, "broker_url", self._default_broker())
-        check_tls(self.redis_tls, self.pools_tls or self.broker_url.startswith("rediss://"))
+        self._check_backends()
         if self.snowflake_mode is None:
             object.__setattr__(self, "snowflake_mode", "zk" if self.zk_hosts else "local")
         if not self.snowflake_cache_dir:
@@ -298,65 +262,10 @@ class Settings(BaseSettings):
         """``LEAFPOOL_SNOWFLAKE_LOCAL_MAP`` parsed (see :func:`parse_local_map`)."""
         return parse_local_map(self.snowflake_local_map)
 
-    def _default_broker(self) -> str:
-        """The pools' Redis: with Sentinel, kombu's sentinel transport over the same
-        sentinels (its master name is a transport option, see :attr:`broker_options`)."""
-        if not self.redis_sentinels:
-            return self.redis_url
-        db = self.redis_url.rsplit("/", 1)[-1] if self.redis_url.count("/") >= 3 else "0"
-        return ";".join(f"sentinel://{h}:{p}/{db or 0}" for h, p in self.sentinels)
-
-    @property
-    def sentinels(self) -> tuple[tuple[str, int], ...]:
-        """``LEAFPOOL_REDIS_SENTINELS`` parsed."""
-        return parse_sentinels(self.redis_sentinels)
-
-    @property
-    def redis_topology(self) -> str:
-        """``single``, ``sentinel`` or ``cluster``."""
-        if self.redis_cluster:
-            return "cluster"
-        return "sentinel" if self.redis_sentinels else "single"
-
     @property
     def pop_replicas_required(self) -> int | str:
         """``LEAFPOOL_POP_REPLICAS`` parsed: a number, or ``all``."""
         return parse_pop_replicas(self.pop_replicas)
-
-    @property
-    def redis_tls(self) -> RedisTls:
-        """``LEAFPOOL_REDIS_TLS_*`` (checked at load, see :mod:`leafpool.core.tls`)."""
-        return RedisTls(self.redis_tls_ca_file, self.redis_tls_cert_file,
-                        self.redis_tls_key_file, self.redis_tls_check_hostname)
-
-    @property
-    def pools_tls(self) -> bool:
-        """The pools' Redis speaks TLS (a ``rediss://`` LEAFPOOL_REDIS_URL; with Sentinel,
-        the sentinels too)."""
-        return self.redis_url.startswith("rediss://")
-
-    @property
-    def broker_tls(self) -> bool:
-        """The broker speaks TLS: a ``rediss://`` broker URL, or the default Sentinel
-        broker over the sentinels of a ``rediss://`` LEAFPOOL_REDIS_URL."""
-        return self.broker_url.startswith("rediss://") or (
-            self.broker_url.startswith("sentinel://") and self.pools_tls)
-
-    @property
-    def broker_use_ssl(self) -> dict[str, object] | None:
-        """Celery's ``broker_use_ssl``: None for a broker without TLS."""
-        return self.redis_tls.broker_options() if self.broker_tls else None
-
-    @property
-    def broker_options(self) -> dict[str, object]:
-        """Extra kombu transport options the broker URL needs: Sentinel's master name,
-        and TLS to the sentinels themselves."""
-        if self.broker_url.startswith("sentinel://"):
-            options: dict[str, object] = {"master_name": self.redis_master_name}
-            if self.broker_tls:
-                options["sentinel_kwargs"] = {"ssl": True, **self.redis_tls.redis_options()}
-            return options
-        return {}
 
     @property
     def token_policy(self) -> TokenPolicy:
@@ -381,6 +290,8 @@ def load_settings(**overrides: object) -> Settings:
         value = overrides.get(field, os.environ.get(env, err.get("input")))
         if env in (REDIS_URL_ENV, DATABASE_URL_ENV, "LEAFPOOL_BROKER_URL"):
             value = hide_password(str(value))
+        elif env.endswith("_PASSWORD"):
+            value = "***"
         allowed = err.get("msg", "invalid")
         others = sorted({_env_name(tuple(e.get("loc") or ())) for e in errors[1:]} - {env})
         if others:

@@ -33,11 +33,13 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from leafpool.core.errors import BackendUnavailable
 from leafpool.core.setting_values import split_database_hosts
+from leafpool.core.tls import TlsFiles
 from leafpool.database.hosts import spread
 
 SQL_DIR = Path(__file__).parent / "sql"
 MYSQL_DEADLOCK = 1213
 MYSQL_LOCK_WAIT_TIMEOUT = 1205
+MYSQL_ACCESS_DENIED = 1045
 
 metadata = MetaData()
 
@@ -117,10 +119,14 @@ class DriverTimeouts:
 STORE_TIMEOUTS = DriverTimeouts(connect=5, read=15, write=15)
 
 
-def make_engine(url: str, timeouts: DriverTimeouts = STORE_TIMEOUTS) -> Engine:
+def make_engine(url: str, timeouts: DriverTimeouts = STORE_TIMEOUTS,
+                tls: TlsFiles | None = None) -> Engine:
     """An engine with short connect timeouts, so a database outage is noticed in seconds
     (MySQL/MariaDB: ``timeouts``); for a URL naming several hosts, one that moves to the
-    next host when the one in use fails (:mod:`leafpool.database.hosts`)."""
+    next host when the one in use fails (:mod:`leafpool.database.hosts`). ``tls``
+    (``LEAFPOOL_DATABASE_TLS=true``: ``Settings.database_tls_used``): every connection
+    speaks TLS, the server's certificate verified (PyMySQL's ``ssl``: an
+    :class:`ssl.SSLContext` of :mod:`leafpool.core.tls`)."""
     url, hosts = split_database_hosts(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -139,11 +145,26 @@ def make_engine(url: str, timeouts: DriverTimeouts = STORE_TIMEOUTS) -> Engine:
     connect_args: dict[str, object] = {}
     if parsed.get_backend_name() == "mysql":
         connect_args = timeouts.connect_args()
+        if tls is not None:
+            connect_args["ssl"] = tls.context()
     engine = create_engine(url, pool_pre_ping=True, pool_recycle=1800,
                            connect_args=connect_args)
     if hosts:
         spread(engine, hosts)
     return engine
+
+
+def tls_hint(exc: DBAPIError) -> str:
+    """What setting an OpenSSL error points to (its own words rarely say): a server
+    certificate not trusted, or a server that wants TLS from a client without it."""
+    text = str(exc.orig)
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return (" (the server's certificate: is its CA in LEAFPOOL_DATABASE_TLS_CA_FILE, "
+                "and does it name the host? LEAFPOOL_DATABASE_TLS_CHECK_HOSTNAME)")
+    if driver_code(exc) == MYSQL_ACCESS_DENIED:
+        return (" (the password; or a user created REQUIRE SSL or X509: "
+                "LEAFPOOL_DATABASE_TLS=true, LEAFPOOL_DATABASE_TLS_CERT_FILE and _KEY_FILE)")
+    return ""
 
 
 def driver_code(exc: DBAPIError) -> object:
@@ -171,6 +192,7 @@ def transaction(
     except DBAPIError as exc:
         if passthrough(exc):
             raise
-        raise BackendUnavailable(f"database: {what} failed: {exc.orig!r}") from exc
+        raise BackendUnavailable(
+            f"database: {what} failed: {exc.orig!r}{tls_hint(exc)}") from exc
     except SQLAlchemyError as exc:
         raise BackendUnavailable(f"database: {what} failed: {exc}") from exc

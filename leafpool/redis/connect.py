@@ -8,7 +8,8 @@ Topologies (docs/design.md §7), chosen by the settings:
 - ``sentinel``: redis-py's :class:`~redis.sentinel.Sentinel` over
   ``LEAFPOOL_REDIS_SENTINELS``; the client asks the sentinels for the master of
   ``LEAFPOOL_REDIS_MASTER_NAME`` and asks again after a failover (the URL gives the
-  database number and the password);
+  database number and the data nodes' user and password; the sentinels' own login is
+  ``LEAFPOOL_REDIS_SENTINEL_USERNAME``/``_PASSWORD``);
 - ``cluster``: redis-py's :class:`~redis.cluster.RedisCluster`, from the URL of any node.
 
 A ``rediss://`` URL adds TLS with the files of ``LEAFPOOL_REDIS_TLS_*``
@@ -146,8 +147,11 @@ def _open(flavour: _Flavour, settings: Settings | str, timeout: float) -> Any:
             settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout,
             retry=flavour.once, **tls)
     if topology == "sentinel":
+        # the sentinels' own login (LEAFPOOL_REDIS_SENTINEL_*): to the sentinels only; the
+        # URL's user and password are the data nodes'
         sentinel = flavour.sentinel(list(settings.sentinels),
-                                    sentinel_kwargs={**_options(timeout), **tls},
+                                    sentinel_kwargs={**_options(timeout), **tls,
+                                                     **settings.sentinel_login.redis_options()},
                                     **options, **tls)
         return sentinel.master_for(settings.redis_master_name,
                                    connection_pool_class=flavour.sentinel_pool,

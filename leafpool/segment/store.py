@@ -27,6 +27,7 @@ from leafpool.core.errors import (
 )
 from leafpool.core.setting_values import hide_password
 from leafpool.core.tags import validate_tag
+from leafpool.core.tls import TlsFiles
 from leafpool.database import schema
 from leafpool.database.engine import (
     OWN_TABLES,
@@ -65,9 +66,10 @@ class SegmentStore:
         self._seen: set[str] = set()  # own tables found there (``_ensure_own_tables``)
 
     @classmethod
-    def from_url(cls, url: str) -> SegmentStore:
+    def from_url(cls, url: str, tls: TlsFiles | None = None) -> SegmentStore:
+        """A store on ``url``; ``tls``: the database's TLS (``Settings.database_tls_used``)."""
         try:
-            return cls(make_engine(url))
+            return cls(make_engine(url, tls=tls))
         except SQLAlchemyError as exc:
             raise BackendUnavailable(
                 f"database: cannot open {hide_password(url)!r}: {type(exc).__name__}") from exc
