@@ -99,6 +99,7 @@ class BaseRegistry:
         self._source = threading.Lock()
         self.window_ms = int(settings.snowflake_report_seconds * 1000)
         self._ticker: tuple[threading.Thread, threading.Event] | None = None
+        self._renewed = True  # the last tick's source write went through
 
     # -- the contract -------------------------------------------------------------------
 
@@ -253,12 +254,9 @@ class BaseRegistry:
         """One background round: report the clock to the source (renewing the lease in
         the leasing modes) and to the cache file; then the readiness file."""
         try:
-            self._tick()
+            self._renewed = self._round(raising=False)
         finally:
             self.publish_ready()
-
-    def _tick(self) -> None:
-        self._round(raising=False)
 
     def _round(self, raising: bool) -> bool:
         """Report the clock to the source (a renew in the leasing modes), recording the
@@ -357,8 +355,10 @@ class BaseRegistry:
             log.error("%s: worker %d fenced, generation must stop: %s", self.identity, wid, reason)
 
     def _ticks(self, interval: float, stop: threading.Event) -> None:
-        """The background thread: :meth:`tick` every ``interval`` seconds until stopped."""
-        while not stop.wait(interval):
+        """The background thread: :meth:`tick` every ``interval`` seconds until stopped,
+        every second at most while the source does not answer (renewed soon after it is
+        back: the next outage finds the mark covering the lease again)."""
+        while not stop.wait(interval if self._renewed else min(interval, 1.0)):
             try:
                 self.tick()
             except Exception:
