@@ -6,6 +6,7 @@
   recorded ahead, docs/design.md §8.1), and after a longer one it is refilled within 2 s
   of the database's return (the fast retry; the call renews the lease itself). No
   reserve here (``LEAFPOOL_SNOWFLAKE_RESERVE_SECONDS=0``): the lease alone is measured.
+  With a reserve of 30 s a reserve-policy client is served past 35 s of the outage.
 - Modes zk_recycle (ZooKeeper SIGKILLed) and zk (SIGSTOPped: connected, answering
   nothing): an outage shorter than the lease causes no pause (issue 28).
 - A refill against a stopped database fails in seconds, not 10-16 s (issue 32 item 2).
@@ -213,6 +214,52 @@ def test_mysql_mode_rides_through_a_database_outage_and_recovers_within_2s(
         assert ids == sorted(set(ids))
     except BaseException:
         print(f"state: {r.hgetall(STATE)}\nworker log (tail):\n{tail(tmp_path, 120)}")
+        raise
+    finally:
+        if popper is not None:
+            popper.stop()
+        heal(own_mariadb)
+
+
+def test_with_a_reserve_a_database_outage_is_ridden_through_for_the_reserve_and_the_lease(
+    own_mariadb: services.Server, redis_url: str, r: redis.Redis, tmp_path: Path,
+    run: list[Proc],
+) -> None:
+    """Mode mysql with a reserve of 30 s (docs/design.md §8.7): MariaDB SIGKILLed, a
+    client of the reserve policy at 200 IDs/s is served by the list (5 s), the reserve
+    (30 s of the peak) and what the generator adds on its lease (6 to 10 s): past 35 s."""
+    url = fresh_database(own_mariadb)
+    env = snowflake_env(tmp_path, redis_url, url, snowflake_mode="mysql",
+                        snowflake_lease_seconds=15, snowflake_renew_seconds=4,
+                        snowflake_reserve_seconds=30, pool_seconds=5, pool_floor=200)
+    run.append(worker(env, tmp_path))
+    settings = load_settings(redis_url=redis_url)
+    client = Client(redis.Redis.from_url(redis_url), settings=settings, policy="reserve",
+                    wait_seconds=0)
+
+    def take() -> list[int]:
+        try:
+            return client.next_ids(TAG, 10)
+        except PoolEmpty as exc:
+            return exc.partial
+
+    popper: Popper | None = None
+    try:
+        services.wait_until(lambda: r.llen(IDS) >= 200, 60, "snowflake pool filled")
+        popper = Popper(take)
+        services.wait_until(lambda: pushed(r) >= 3_000, 60, "refills at the client's pace")
+        began = time.monotonic()
+        own_mariadb.kill()
+        services.wait_until(lambda: popper.dry_after(began) is not None, 120, "dry")
+        dry = popper.dry_after(began)
+        assert dry is not None
+        print(f"\nmysql, a reserve of 30 s, lease 15 s: the database killed, a reserve-policy "
+              f"client at 200 IDs/s served for {dry - began:.1f} s")
+        popper.stop()
+        assert popper.ids == sorted(set(popper.ids))
+        assert dry - began >= 35.0, tail(tmp_path)
+    except BaseException:
+        print(f"state: {r.hgetall(STATE)}\nworker log (tail):\n{tail(tmp_path, 80)}")
         raise
     finally:
         if popper is not None:
