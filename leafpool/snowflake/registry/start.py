@@ -69,9 +69,17 @@ def clock_check(reg: Claimant, worker_id: int, recorded: int, where: str,
                 cached: CacheRecord | None, source: str) -> Start:
     """The claim's clock check: the recorded mark is the larger of the source's
     (``recorded``, kept in ``where``) and the cache file's. A clock behind it is refused,
-    unless it passes it within ``start_wait_ms``, which is waited out."""
-    if cached is not None and cached.last_timestamp > recorded:
-        recorded, where = cached.last_timestamp, f"the cache file {reg.cache.path}"
+    unless it passes it within ``start_wait_ms``, which is waited out.
+
+    In the leasing modes the source's mark may be ahead of every clock by up to
+    :meth:`ahead_ms` (a holder records it ahead, covering its lease: docs/design.md §8.1):
+    a start behind it by no more than that, and not behind this identity's own cache file,
+    is a holder's window still running, not a clock moved back: it is refused as
+    :class:`WorkerIdUnavailable` (claim again once it passed), and counts as no clock
+    event."""
+    own = cached.last_timestamp if cached is not None else 0
+    if own > recorded:
+        recorded, where = own, f"the cache file {reg.cache.path}"
     now = reg.clock()
     if 0 < recorded - now <= reg.start_wait_ms:
         log.warning(
@@ -86,17 +94,19 @@ def clock_check(reg: Claimant, worker_id: int, recorded: int, where: str,
         while now < recorded and reg.monotonic() <= deadline:
             reg.sleep((recorded - now) / 1000)
             now = reg.clock()
+    if now < recorded and reg.leased and own <= now and recorded - now <= reg.ahead_ms():
+        raise WorkerIdUnavailable(
+            f"{reg.identity}: worker {worker_id}: the mark recorded in {where} is "
+            f"{recorded - now} ms ahead of this clock ({iso_utc(recorded)}): in mode "
+            f"{reg.mode} a holder records it up to {reg.ahead_ms()} ms ahead, covering its "
+            "lease, so a start soon after its holder stopped without releasing waits for "
+            "it to pass; claim again then")
     if now < recorded:
         exc = ClockMovedBackwards(worker_id, recorded - now)
-        # a leasing holder records its mark ahead of its clock, covering its lease: a
-        # restart of the same identity soon after a crash meets that (docs/design.md §8.1)
-        ahead = (f" (in mode {reg.mode} a holder records the mark up to {reg.ahead_ms()} ms "
-                 "ahead of its clock, so a restart soon after a crash waits for it)"
-                 if reg.leased and recorded - now <= reg.ahead_ms() else "")
         exc.args = (
             f"worker {worker_id}: clock moved backwards by {recorded - now} ms: the local "
             f"clock {now} ({iso_utc(now)}) is behind the timestamp {recorded} "
-            f"({iso_utc(recorded)}) recorded in {where}{ahead}; refusing to start (fix the "
+            f"({iso_utc(recorded)}) recorded in {where}; refusing to start (fix the "
             "clock, or wait until it passes)",
         )
         log.error("%s: %s", reg.identity, exc)
@@ -126,7 +136,7 @@ def cached_start(reg: Claimant, reason: str, cause: BaseException,
             ) from cause
         reg.deadline.resume(cached.lease_until, now)
     where = f"the cache file {reg.cache.path}"
-    start = clock_check(reg, cached.worker_id, cached.last_timestamp, where, None, "cache")
+    start = clock_check(reg, cached.worker_id, cached.last_timestamp, where, cached, "cache")
     reg.token = cached.token or reg.token
     reg.degraded = True
     log.warning("%s: %s; starting from the cache file", reg.identity, reason)

@@ -7,6 +7,8 @@ tests/snowflake/registry/test_contract.py."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pymysql
 import pytest
@@ -167,3 +169,35 @@ def test_mysql_down_at_start_uses_the_cached_lease(my: MySqlBackend) -> None:
     with pytest.raises(WorkerIdUnavailable) as err3:
         expired.claim()
     assert "cannot be used" in str(err3.value)
+
+
+def test_a_restart_soon_after_a_crash_waits_for_the_mark_written_ahead(
+    my: MySqlBackend,
+) -> None:
+    """The row's mark is written ahead, covering the lease (docs/design.md §8.1): the
+    same identity restarted after a crash takes its row over at once but may not start
+    below that mark. That is the previous holder's window, not a clock moved back: refused
+    as WorkerIdUnavailable (no clock event) until the clock passes it."""
+    now = wall_clock_ms()
+    clock = FakeMsClock(now)
+    old = my.open("host-a:w:0", clock)
+    gen = LeasedGenerator(old, old.settings, clock=clock, sleep=clock.sleep)
+    gen.start()
+    before = gen.next_batch(100)
+    ahead = my.mark(old, 1) - int(clock.now)
+    assert ahead == old.ahead_ms() == 23_000
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    my.pretend_gone(old, int(gone.stdout))  # it crashed: its row and cache file linger
+    clock.advance(5_000)
+    new = my.open("host-a:w:0", clock)
+    with pytest.raises(WorkerIdUnavailable) as err:
+        new.claim()
+    assert not isinstance(err.value, ClockMovedBackwards)
+    assert "18000 ms ahead of this clock" in str(err.value)
+    clock.advance(18_000)  # the window passed
+    lease = new.claim()
+    assert lease.worker_id == 1 and lease.last_timestamp_ms == now + 23_000
+    after = LeasedGenerator(new, new.settings, clock=clock, sleep=clock.sleep).next_batch(100)
+    assert min(after) > max(before)
+    old.lease = None  # crashed: nothing to release
