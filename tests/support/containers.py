@@ -161,6 +161,16 @@ class Podman:
     def exists(self, kind: str, name: str) -> bool:
         return self(kind, "exists", name, check=False).returncode == 0
 
+    def exec(self, container: str, *argv: str, timeout: float = 60,
+             check: bool = False) -> subprocess.CompletedProcess[str]:
+        """``podman exec`` with HOSTNAME set to the container's hostname, as Docker and the
+        kubelet's runtimes give every process of a container: podman 4.3 leaves it out of
+        an exec'd process's environment (a check naming ``$HOSTNAME``, as the Celery ping
+        of compose and the manifests does, would ask for a worker named ``segment@``)."""
+        host = self("inspect", "--format", "{{.Config.Hostname}}", container).stdout.strip()
+        return self("exec", "--env", f"HOSTNAME={host}", container, *argv, timeout=timeout,
+                    check=check)
+
     def pid(self, container: str) -> int:
         return int(self("inspect", "--format", "{{.State.Pid}}", container).stdout.strip())
 
@@ -409,7 +419,8 @@ class HealthChecks:
 
     def stop(self) -> None:
         self.stopping.set()
-        self.thread.join(timeout=30)
+        if self.thread.is_alive():
+            self.thread.join(timeout=30)
 
     def _watch(self) -> None:
         while not self.stopping.is_set():
@@ -426,16 +437,16 @@ class HealthChecks:
                 interval = _nanoseconds(check.get("Interval")) or 30.0
                 threading.Thread(target=self._run, args=(info["Id"], key[1], interval),
                                  daemon=True).start()
-            self.stopping.wait(0.5)
+            self.stopping.wait(1)
 
     def _run(self, container: str, started: str, interval: float) -> None:
         while not self.stopping.wait(interval):
-            state = self.p("inspect", "--format", "{{.State.Running}} {{.State.StartedAt}}",
-                           container, check=False)
-            if state.returncode != 0 or not state.stdout.startswith("true"):
-                return
-            if started not in state.stdout:  # restarted: the watcher starts another thread
-                return
+            found = self.p("inspect", container, check=False)
+            if found.returncode != 0:
+                return  # removed
+            state = json.loads(found.stdout)[0]["State"]
+            if not state["Running"] or state["StartedAt"] != started:
+                return  # stopped, or restarted: the watcher starts another thread
             self.p("healthcheck", "run", container, check=False, timeout=max(interval, 60))
 
 
