@@ -42,7 +42,14 @@ from tests.support.nemesis_faults import (
     Nemesis,
     schedule,
 )
-from tests.support.nemesis_history import EVENTS, HISTORY, META, EventLog, write_json
+from tests.support.nemesis_history import (
+    ACCOUNTING,
+    EVENTS,
+    HISTORY,
+    META,
+    EventLog,
+    write_json,
+)
 from tests.support.nemesis_procs import Supervisor
 from tests.support.topologies import Node
 
@@ -172,7 +179,7 @@ class Run:
             listener = SentinelListener(dep.group.sentinels[0], self.events).start()
             self._phases(dep, kinds, specs)
             dep.stop_clients()
-            write_json(self.run_dir / "accounting.json", dep.accounting())
+            write_json(self.run_dir / ACCOUNTING, dep.accounting())
         finally:
             if listener is not None:
                 listener.stop()
