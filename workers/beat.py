@@ -36,6 +36,7 @@ from leafpool.redis.connect import connect
 from leafpool.redis.lock import describe
 from leafpool.redis.pool import Level, Pool
 from leafpool.refill.sizing import outgrown as outgrown_by
+from leafpool.snowflake.refiller import list_seconds
 from workers.application import SWEEP_ENTRY, SYNC_ENTRY, settings, watching
 from workers.tasks import REFILL_TASKS
 
@@ -104,7 +105,7 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
                 settings.sweep_seconds,
             )
             return
-        seconds = {"segment": settings.pool_seconds, "snowflake": settings.snowflake_batch_seconds}
+        seconds = {"segment": settings.pool_seconds, "snowflake": list_seconds(settings)}
 
         def outgrown(level: Level, rate: float) -> bool:
             return outgrown_by(
