@@ -23,8 +23,9 @@ Podman 4.3 runs health checks from systemd timers; where there is no systemd,
 :class:`HealthChecks` does what the timer would: ``podman healthcheck run`` every
 interval, the first one an interval after the container started.
 
-``python -m tests.support.containers build`` builds the images into that store; ``env``
-prints the variables that point podman at it; ``reset`` removes the store.
+``python -m tests.support.containers build`` builds the images into that store (and says
+how long each step took and how big the image is); ``stack [ha]`` times docker-compose.yml's
+start; ``env`` prints the variables that point podman at it; ``reset`` removes the store.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -546,6 +548,8 @@ def _main(argv: list[str], out: TextIO) -> int:
             print(f"{step}: {seconds:.1f} s", file=out)
         print(f"{LEAFPOOL_IMAGE}: {image_size(p, LEAFPOOL_IMAGE) / 1e6:.0f} MB", file=out)
         return 0
+    if command == "stack":  # stack [PROFILE...]: how long compose takes to serve
+        return _measure_stack(argv[1:], out)
     if command == "env":
         p = podman()
         for name in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_REGISTRIES_CONF"):
@@ -558,8 +562,51 @@ def _main(argv: list[str], out: TextIO) -> int:
             p("system", "reset", "--force", check=False)
         shutil.rmtree(p.cache, ignore_errors=True)
         return 0
-    print("usage: python -m tests.support.containers build|env|reset", file=out)
+    print("usage: python -m tests.support.containers build|stack [PROFILE...]|env|reset",
+          file=out)
     return 2
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status) == 200
+    except OSError:
+        return False
+
+
+def _measure_stack(profiles: list[str], out: TextIO) -> int:
+    """docker-compose.yml up with the tests' dummy secrets, timed until the HTTP service
+    (and with ``ha``, http-ha) answers, then down -v (README, "Deploy")."""
+    import tempfile
+
+    from tests.system.test_compose import HA_SECRETS, SECRETS
+
+    p = podman()
+    with store_lock(p.cache), tempfile.TemporaryDirectory(dir=p.cache / "tmp") as scratch:
+        ensure_images(p)
+        api = ApiService(p, Path(scratch) / "service.log")
+        health = HealthChecks(p).start()
+        compose = Compose(api, "lpmeasure", {**SECRETS, **HA_SECRETS}, Path(scratch),
+                          profiles=profiles)
+        try:
+            started = time.monotonic()
+            compose("up", "--detach", "--no-build", timeout=900)
+            print(f"up -d returned after {time.monotonic() - started:.1f} s", file=out)
+            urls = ["http://127.0.0.1:8080/health"]
+            urls += ["http://127.0.0.1:8081/readyz"] if "ha" in profiles else []
+            for url in urls:
+                deadline = time.monotonic() + 300
+                while not _answers(url) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                print(f"{url} answered after {time.monotonic() - started:.1f} s", file=out)
+        finally:
+            stopping = time.monotonic()
+            compose("down", "--volumes", "--timeout", "5", timeout=300, check=False)
+            print(f"down -v took {time.monotonic() - stopping:.1f} s", file=out)
+            health.stop()
+            api.stop()
+    return 0
 
 
 if __name__ == "__main__":

@@ -49,13 +49,15 @@ import pytest
 import yaml
 
 from tests.support import containers as c
-from tests.support.services import unavailable, wait_until
+from tests.support.services import port_open, unavailable, wait_until
 from tests.system.test_compose import HA_SECRETS, SECRETS
 
-pytestmark = pytest.mark.slow
+# the first test to use the images builds them: 6 min on a machine without the cache
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 pytest_plugins = ["tests.support.container_fixtures"]
 
 HTTP = "http://127.0.0.1:8080"
+PUBLISHED = (8080, 8081, 5555)  # the file's ports on the host's loopback
 HTTP_HA = "http://127.0.0.1:8081"
 APP = ("leafpool-app", SECRETS["LEAFPOOL_ACL_APP_PASSWORD"])
 MONITOR = ("leafpool-monitor", SECRETS["LEAFPOOL_ACL_MONITOR_PASSWORD"])
@@ -134,6 +136,12 @@ def stack(podman: c.Podman, images: c.BuildReport,
         health.stop()
         api.stop()
         unavailable(str(exc))
+    for port in PUBLISHED:
+        if port_open(port):
+            health.stop()
+            api.stop()
+            pytest.fail(f"127.0.0.1:{port} is taken (docker-compose.yml publishes it): stop "
+                        "what listens there (`./dev up`?) and run again")
     started = time.monotonic()
     try:
         compose("up", "--detach", "--no-build", timeout=900)

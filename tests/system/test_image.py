@@ -19,7 +19,8 @@ import pytest
 from tests.support import containers as c
 from tests.support.services import free_port, wait_until
 
-pytestmark = pytest.mark.slow
+# the first test to use the images builds them: 6 min on a machine without the cache
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 pytest_plugins = ["tests.support.container_fixtures"]
 
 

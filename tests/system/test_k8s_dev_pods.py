@@ -55,7 +55,8 @@ from tests.support import containers as c
 from tests.support.services import wait_until
 from tests.system.test_k8s import K8S, _render, pod_spec
 
-pytestmark = pytest.mark.slow
+# the first test to use the images builds them: 6 min on a machine without the cache
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 pytest_plugins = ["tests.support.container_fixtures"]
 
 Doc = dict[str, Any]
@@ -262,9 +263,10 @@ def cluster(podman: c.Podman, images: c.BuildReport, rendered: list[Doc],
               f"in {time.monotonic() - started:.1f} s")
         yield cluster
     finally:
-        if cluster.played:
-            podman("pod", "rm", "--force", "--time", "0", *(p.pod for p in cluster.played),
-                   check=False)
+        if cluster.played:  # killed first: `pod rm` stops each pod's containers in turn
+            pods = [p.pod for p in cluster.played]
+            podman("pod", "kill", *pods, check=False)
+            podman("pod", "rm", "--force", "--time", "0", *pods, check=False)
         podman("volume", "prune", "--force", check=False)
         podman("network", "rm", "--force", network, check=False)
         for secret in of_kind(rendered, "Secret"):
