@@ -230,8 +230,9 @@ def wait_probes(cluster: Cluster, played: list[Played], timeout: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(podman: c.Podman, images: c.BuildReport, rendered: list[Doc],
+def cluster(rendered: list[Doc], podman: c.Podman, images: c.BuildReport,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    # (rendered first: without kubectl the module skips before anything is built)
     workdir = tmp_path_factory.mktemp("k8s-played")
     network = "leafpool-dev"
     podman("network", "create", network)
