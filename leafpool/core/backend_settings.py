@@ -24,6 +24,9 @@ from leafpool.core.setting_values import (
 )
 from leafpool.core.tls import DATABASE_PREFIX, TlsFiles, check_database_tls, check_tls
 
+#: the broker's connections to the sentinels (a sentinel answers in milliseconds)
+SENTINEL_TIMEOUTS = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0}
+
 
 class BackendSettings(BaseSettings):
     """Where the backends are and how to log in to them. Field ``foo`` is read from
@@ -183,5 +186,8 @@ class BackendSettings(BaseSettings):
         options: dict[str, object] = {"master_name": self.redis_master_name}
         tls = {"ssl": True, **self.redis_tls.redis_options()} if self.broker_tls else {}
         if tls or self.sentinel_login.configured:
-            options["sentinel_kwargs"] = {**tls, **self.sentinel_login.redis_options()}
+            # given sentinel_kwargs, redis-py no longer copies the socket timeouts into
+            # them: a sentinel that stopped answering would hold the worker for good
+            options["sentinel_kwargs"] = {**SENTINEL_TIMEOUTS, **tls,
+                                          **self.sentinel_login.redis_options()}
         return options

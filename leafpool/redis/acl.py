@@ -40,6 +40,34 @@ _READS = ("+llen +lrange +lindex +hgetall +hmget +hget +exists +smembers +sismem
 #: scripts), ROLE and CLIENT ID/TRACKING/INFO (the drop watcher)
 _SAFE_DANGEROUS = "+info +role +client|id +client|tracking +client|info +client|getname"
 
+#: The sentinels' own users (lines of each sentinel's config; Redis 7.0's Sentinel ACL):
+#: leafpool's clients (the pools' Sentinel client, the broker's ``sentinel://``
+#: transport; ``LEAFPOOL_REDIS_SENTINEL_USERNAME``) only ask which node is the master and
+#: which replicas and sentinels it has: they cannot move the master (``FAILOVER``), change
+#: what is watched (``SET``, ``MONITOR``, ``REMOVE``, ``RESET``, ``CONFIG``) or speak on
+#: the sentinels' channel. redis-py's ``CLIENT SETINFO`` (Redis 7.2) is left out, as for
+#: the data nodes.
+SENTINEL_CLIENT_USER = "leafpool-sentinel-client"
+SENTINEL_CLIENT_RULES = ("resetchannels -@all +auth +hello +ping +client|setname "
+                         "+sentinel|get-master-addr-by-name +sentinel|masters "
+                         "+sentinel|master +sentinel|slaves +sentinel|replicas "
+                         "+sentinel|sentinels")
+#: ... and the user each sentinel logs in to the others with (``sentinel sentinel-user``;
+#: the same name as the user it logs in to the data nodes with): what a sentinel sends
+#: another (its hello messages, PING, the vote on a master's failure), measured with an
+#: ACL log on three sentinels through a failover, and ``SENTINEL DEBUG``, which sets the
+#: periods ops/redis/sentinel.conf names once each sentinel has started.
+SENTINEL_PEER_USER = "leafpool-sentinel"
+SENTINEL_PEER_RULES = ("resetchannels &__sentinel__:hello -@all +auth +ping +client|setname "
+                       "+publish +sentinel|is-master-down-by-addr +sentinel|debug")
+
+
+def sentinel_user_line(user: str, rules: str, password: str) -> str:
+    """One ``user`` line of a sentinel's config, the password as its SHA-256."""
+    if not password:
+        raise InvalidArgument("password", "", f"a non-empty password for {user}")
+    return f"user {user} on #{hashlib.sha256(password.encode()).hexdigest()} {rules}"
+
 
 def _app(prefix: str) -> list[str]:
     return [

@@ -148,10 +148,11 @@ def _open(flavour: _Flavour, settings: Settings | str, timeout: float) -> Any:
             retry=flavour.once, **tls)
     if topology == "sentinel":
         # the sentinels' own login (LEAFPOOL_REDIS_SENTINEL_*): to the sentinels only; the
-        # URL's user and password are the data nodes'
-        sentinel = flavour.sentinel(list(settings.sentinels),
-                                    sentinel_kwargs={**_options(timeout), **tls,
-                                                     **settings.sentinel_login.redis_options()},
+        # URL's user and password are the data nodes'. One try per sentinel: redis-py
+        # asks the next one when a sentinel fails (its default retries backed off up to
+        # 10 s on each, a refused login included, before the next was asked)
+        sentinel_kwargs = {**options, **tls, **settings.sentinel_login.redis_options()}
+        sentinel = flavour.sentinel(list(settings.sentinels), sentinel_kwargs=sentinel_kwargs,
                                     **options, **tls)
         return sentinel.master_for(settings.redis_master_name,
                                    connection_pool_class=flavour.sentinel_pool,

@@ -35,7 +35,8 @@ def test_the_sentinel_login_goes_to_the_sentinels_of_the_pools_and_of_the_broker
     login = {"username": "leafpool-sentinel-client", "password": "s3cret"}
     assert settings.sentinel_login.redis_options() == login
     assert settings.broker_url.startswith("sentinel://")
-    assert settings.broker_options == {"master_name": "leafpool", "sentinel_kwargs": login}
+    assert settings.broker_options == {"master_name": "leafpool", "sentinel_kwargs": {
+        "socket_timeout": 5.0, "socket_connect_timeout": 5.0, **login}}
     assert "s3cret" not in repr(settings) and "s3cret" not in repr(settings.sentinel_login)
 
 

@@ -112,6 +112,8 @@ class Node:
     kind: str  # "data", "sentinel" or "cluster", as started
     #: redis-py's TLS options when the node speaks TLS only (tests/support/tls.py)
     tls_options: dict[str, Any] = field(default_factory=dict)
+    #: the topology's own login (``username``, ``password``) when the node asks for one
+    login: dict[str, str] = field(default_factory=dict)
     _client: redis.Redis | None = field(default=None, repr=False)
 
     @property
@@ -147,13 +149,13 @@ class Node:
         if self._client is None:
             self._client = redis.Redis(HOST, self.port, socket_timeout=5,
                                        socket_connect_timeout=2, decode_responses=True,
-                                       **self.tls_options)
+                                       **self.tls_options, **self.login)
         return self._client
 
     def client(self, **kwargs: Any) -> redis.Redis:
         """A new client of this node; the caller closes it."""
         kwargs.setdefault("socket_timeout", 10)
-        return redis.Redis(HOST, self.port, **self.tls_options, **kwargs)
+        return redis.Redis(HOST, self.port, **{**self.tls_options, **self.login, **kwargs})
 
     def info(self, section: str = "replication") -> dict[str, Any]:
         return self.admin.info(section)
@@ -223,7 +225,7 @@ def _launch(node: Node, timeout: float = 30.0) -> bool:
         if proc.poll() is not None:
             return None  # told apart below
         with redis.Redis(HOST, server.port, socket_timeout=1, socket_connect_timeout=1,
-                         **node.tls_options) as c:
+                         **node.tls_options, **node.login) as c:
             pid = int(c.info("server")["process_id"])
         return None if pid == proc.pid else f"port answered by pid {pid}"
 
@@ -275,15 +277,18 @@ class Topology(ProcessGroup[Node]):
         return self.members
 
     def _start(self, kind: str, name: str,
-               argv_for: Callable[[int, Path], list[str]]) -> Node:
+               argv_for: Callable[[int, Path], list[str]],
+               login: dict[str, str] | None = None) -> Node:
         """A process on a free port (``argv_for(port, datadir)``); another free port if one
-        was taken between choosing and binding (``argv_for`` chooses any other port anew)."""
+        was taken between choosing and binding (``argv_for`` chooses any other port anew).
+        ``login``: the user and password the topology's own clients of it send."""
         for _ in range(3):
             port = free_port()
             datadir = self.tmpdir(name)
             server = Server(name, port, datadir, argv_for(port, datadir),
                             datadir / f"{name}.log")
-            node = Node(server, kind, self.tls.client_options() if self.tls else {})
+            node = Node(server, kind, self.tls.client_options() if self.tls else {},
+                        dict(login or {}))
             self.members.append(node)
             if _launch(node):
                 return node
@@ -516,14 +521,18 @@ def sentinel_group(n_replicas: int = 2, n_sentinels: int = 3, master_name: str =
                    parallel_syncs: int = 1, debug: Iterable[str] = (),
                    quorum: int | None = None, config: Path | None = None,
                    appendfsync: str | None = None, extra_args: Iterable[str] = (),
-                   timeout: float = 30.0, tls: Pki | None = None) -> SentinelGroup:
+                   timeout: float = 30.0, tls: Pki | None = None, sentinel_conf: str = "",
+                   sentinel_login: dict[str, str] | None = None) -> SentinelGroup:
     """:func:`replicated` plus ``n_sentinels`` sentinels (``redis-server FILE --sentinel``,
     each with its own config file, which Sentinel rewrites) monitoring the master as
     ``master_name`` with ``quorum`` (default: a majority). Returned once every sentinel knows
     the master, its replicas and the other sentinels. ``tls``: every node and sentinel
     speaks TLS only, with this PKI's certificates (replication and Sentinel's links too).
     ``debug``: ``SENTINEL DEBUG`` arguments each sentinel gets once started (the shipped
-    ones: :func:`shipped_sentinel_debug`)."""
+    ones: :func:`shipped_sentinel_debug`). ``sentinel_conf``: lines added to each
+    sentinel's config file (its ACL users, ``sentinel sentinel-user``...);
+    ``sentinel_login``: the user and password the topology's own checks log in to the
+    sentinels with (a user of ``sentinel_conf`` allowed INFO and SENTINEL's reads)."""
     quorum = quorum or n_sentinels // 2 + 1
     extra = list(extra_args)
     top = SentinelGroup(master_name, quorum, tls)
@@ -543,10 +552,10 @@ def sentinel_group(n_replicas: int = 2, n_sentinels: int = 3, master_name: str =
                     f"sentinel monitor {master_name} {HOST} {top.master.port} {quorum}\n"
                     f"sentinel down-after-milliseconds {master_name} {down_after_ms}\n"
                     f"sentinel failover-timeout {master_name} {failover_timeout_ms}\n"
-                    f"sentinel parallel-syncs {master_name} {parallel_syncs}\n")
+                    f"sentinel parallel-syncs {master_name} {parallel_syncs}\n{sentinel_conf}")
                 return [binary, str(conf), "--sentinel"]
 
-            sentinel = top._start("sentinel", "redis-sentinel", argv)
+            sentinel = top._start("sentinel", "redis-sentinel", argv, sentinel_login)
             top.sentinels.append(sentinel)
             if debug:
                 sentinel.command("SENTINEL", "DEBUG", *debug)
