@@ -20,6 +20,14 @@ persistentVolumeClaim, subPath), each Service's name resolving to the pod it sel
 - Each container runs as the manifest's user, and a read-only root filesystem refuses a
   write; the ConfigMap's and its Secrets' keys are in its environment.
 
+What of the official images' contracts this relies on, and so covers in the stand-ins
+(ops/images/*/Containerfile): MariaDB's MARIADB_DATABASE, MARIADB_USER, MARIADB_PASSWORD
+and MARIADB_ROOT_PASSWORD, its ``healthcheck.sh --connect --innodb_initialized``, its uid
+999 writing only /var/lib/mysql, /run/mysqld and /tmp (a read-only root); Redis's
+redis-server and redis-cli on PATH run as another user (the manifest's command replaces the
+entrypoint); ZooKeeper's entrypoint run as uid 1000 writing /conf/zoo.cfg from
+ZOO_4LW_COMMANDS_WHITELIST, /data and /datalog, ``zkServer.sh status``.
+
 What differs from a cluster, and why: the data servers (Redis, MariaDB, ZooKeeper) start
 first and the leafpool workloads once their readiness probes pass (podman restarts a
 failing container at once, with no back-off: a crash-looping Job would take the two cores
