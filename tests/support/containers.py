@@ -557,9 +557,13 @@ def _main(argv: list[str], out: TextIO) -> int:
         return 0
     if command == "reset":
         p = podman()
+        user_config = Path.home() / ".config" / "containers"
+        had_config = user_config.exists()
         with store_lock(p.cache):
             p.wipe()
             p("system", "reset", "--force", check=False)
+        if not had_config:  # `podman system reset` makes it (empty)
+            shutil.rmtree(user_config, ignore_errors=True)
         shutil.rmtree(p.cache, ignore_errors=True)
         return 0
     print("usage: python -m tests.support.containers build|stack [PROFILE...]|env|reset",
