@@ -19,7 +19,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from leafpool.core.backend_settings import SENTINEL_TIMEOUTS
 from leafpool.core.config import Settings
+from leafpool.redis import acl
 from tests.support.services import missing
 from tests.support.topologies import shipped_sentinel_debug
 
@@ -43,7 +45,8 @@ SECRETS = {
 }
 #: needed by `--profile ha` only (its nodes refuse to start without them)
 HA_SECRETS = {"REDIS_REPLICATION_PASSWORD": "dummy-replication",
-              "REDIS_SENTINEL_PASSWORD": "dummy-sentinel"}
+              "REDIS_SENTINEL_PASSWORD": "dummy-sentinel",
+              "LEAFPOOL_REDIS_SENTINEL_PASSWORD": "dummy-sentinel-client"}
 DATA_NODES = ("redis", "redis-ha-master", "redis-ha-replica-1", "redis-ha-replica-2")
 ACL_FILE = "/etc/redis-acl/users.acl"
 
@@ -221,12 +224,30 @@ def test_the_ha_profile_runs_a_master_two_replicas_three_sentinels_and_follows_t
         for line in timings:
             assert line in script, line
         debug = " ".join(shipped_sentinel_debug())
-        assert f"redis-cli -p 26379 SENTINEL DEBUG {debug} " in script
+        # set as the sentinels' own user (its password from the environment), and seen
+        # set: redis-cli exits 0 on a refusal too
+        assert ('[ "$(REDISCLI_AUTH="$REDIS_SENTINEL_PASSWORD" redis-cli --user '
+                f'leafpool-sentinel -p 26379 SENTINEL DEBUG {debug} 2>/dev/null)" = OK ]'
+                ) in script
         # the sentinels log in to the data nodes as leafpool-sentinel
         assert "sentinel auth-user leafpool leafpool-sentinel" in script
         assert 'sentinel auth-pass leafpool "%s"' in script
-        assert '"$REDIS_SENTINEL_PASSWORD" > /tmp/sentinel.conf' in script
-        assert services[name]["environment"]["REDIS_SENTINEL_PASSWORD"] == "dummy-sentinel"
+        # the sentinels ask for a login: default user off, leafpool's and their own users
+        # with acl.py's rules (their passwords as SHA-256), the peers' login between them
+        assert "user default off\\n" in script
+        assert f"user {acl.SENTINEL_PEER_USER} on #%s {acl.SENTINEL_PEER_RULES}\\n" in script
+        assert (f"user {acl.SENTINEL_CLIENT_USER} on #%s {acl.SENTINEL_CLIENT_RULES}\\n"
+                in script)
+        assert 'sentinel sentinel-user leafpool-sentinel\\nsentinel sentinel-pass "%s"' in script
+        assert ('"$REDIS_SENTINEL_PASSWORD" "$REDIS_SENTINEL_PASSWORD" '
+                '"$(hash "$REDIS_SENTINEL_PASSWORD")" "$(hash "$LEAFPOOL_REDIS_SENTINEL_PASSWORD")"'
+                ' > /tmp/sentinel.conf') in script
+        env = services[name]["environment"]
+        assert env["REDIS_SENTINEL_PASSWORD"] == "dummy-sentinel"
+        assert env["LEAFPOOL_REDIS_SENTINEL_PASSWORD"] == "dummy-sentinel-client"
+        check = " ".join(services[name]["healthcheck"]["test"])
+        assert ('REDISCLI_AUTH="$$LEAFPOOL_REDIS_SENTINEL_PASSWORD" redis-cli --user '
+                f"{acl.SENTINEL_CLIENT_USER} -p 26379 sentinel master leafpool") in check
     for name in ("redis-ha-master", "redis-ha-replica-1", "redis-ha-replica-2"):  # to their master
         script = unescape(services[name]["command"][-1])
         assert "masteruser leafpool-replication" in script and "--include " in script
@@ -239,7 +260,11 @@ def test_the_ha_profile_runs_a_master_two_replicas_three_sentinels_and_follows_t
                                and k != "LEAFPOOL_DATABASE_URL"})
         assert settings.redis_topology == "sentinel" and settings.pop_replicas == "all"
         assert [h for h, _ in settings.sentinels] == ["sentinel-1", "sentinel-2", "sentinel-3"]
-        assert settings.broker_options == {"master_name": "leafpool"}
+        # logged in to the sentinels as leafpool's sentinel user, pools and broker
+        login = {"username": acl.SENTINEL_CLIENT_USER, "password": "dummy-sentinel-client"}
+        assert settings.sentinel_login.redis_options() == login
+        assert settings.broker_options == {"master_name": "leafpool",
+                                           "sentinel_kwargs": {**SENTINEL_TIMEOUTS, **login}}
     # the worker's Celery: over the same sentinels as the worker role, on the broker
     # database the ACL file names (the HTTP service sends no task)
     broker = services["segment-worker-ha"]["environment"]["LEAFPOOL_BROKER_URL"]
@@ -352,11 +377,13 @@ def test_the_ha_secrets_are_needed_by_the_ha_profile_only(tmp_path: Path) -> Non
     for name, variable in [("redis-ha-master", "REDIS_REPLICATION_PASSWORD"),
                            ("redis-ha-replica-1", "REDIS_REPLICATION_PASSWORD"),
                            ("redis-ha-replica-2", "REDIS_REPLICATION_PASSWORD"),
-                           ("sentinel-1", "REDIS_SENTINEL_PASSWORD")]:
+                           ("sentinel-1", "REDIS_SENTINEL_PASSWORD"),
+                           ("sentinel-1", "LEAFPOOL_REDIS_SENTINEL_PASSWORD")]:
         assert "ha" in services[name]["profiles"]
         script = unescape(services[name]["command"][-1])
-        # the node refuses to start without it, naming it
-        assert script.startswith(f': "${{{variable}:?set {variable} in .env'), name
+        # the node refuses to start without it, naming it (before anything else)
+        checks = script.split("umask", 1)[0]
+        assert f': "${{{variable}:?set {variable} in .env' in checks, name
         assert services[name]["environment"][variable] == ""
 
 

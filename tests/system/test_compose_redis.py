@@ -5,7 +5,9 @@ directories, listening on loopback and on this host's other address, as a contai
 compose network would reach it): no client gets in without a password, each leafpool
 service's URL logs in as its role, the health checks pass under their roles, and protected
 mode refuses other hosts should the default user be left open. With ``--profile ha``: the
-data nodes' and sentinel's own scripts, replication and a failover under those users."""
+data nodes' and sentinel's own scripts, replication and a failover under those users; the
+sentinel asks for a login (none or a wrong one refused, leafpool's user cannot fail it
+over), sets its periods as its own user, and passes its health check as leafpool's."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from starlette.testclient import TestClient
 
 from leafpool.core.config import load_settings
 from leafpool.http import create_app
+from leafpool.redis.acl import SENTINEL_CLIENT_USER, SENTINEL_PEER_USER
 from leafpool.redis.connect import connect
 from leafpool.redis.pool import Pool
 from leafpool.redis.register import register
@@ -323,11 +326,35 @@ def test_the_ha_nodes_replicate_and_fail_over_under_their_users(
              "-p 26379 SENTINEL": "-p {port} SENTINEL",
              "redis-ha-master 6379 2": f"127.0.0.1 {mport} 1",
              "/tmp/sentinel.conf": "{home}/sentinel.conf"}))
-        sentinel = redis.Redis(port=sport, decode_responses=True)
+        # leafpool's services log in to the sentinel as its client user; the sentinels to
+        # one another as leafpool-sentinel
+        sentinel_env = config["sentinel-1"]["environment"]
+        client_password = sentinel_env["LEAFPOOL_REDIS_SENTINEL_PASSWORD"]
+        sentinel = redis.Redis(port=sport, decode_responses=True, username=SENTINEL_CLIENT_USER,
+                               password=client_password)
+        peer = redis.Redis(port=sport, decode_responses=True, username=SENTINEL_PEER_USER,
+                           password=sentinel_env["REDIS_SENTINEL_PASSWORD"])
         # the script sets the periods sentinel.conf names once the sentinel answers
         wanted = dict(zip(*[iter(shipped_sentinel_debug())] * 2, strict=True))
-        _wait(nodes, lambda: {k: str(v) for k, v in _debug(sentinel).items() if k in wanted}
+        _wait(nodes, lambda: {k: str(v) for k, v in _debug(peer).items() if k in wanted}
               == wanted, 30, "the sentinel's SENTINEL DEBUG periods")
+        # no login, or a wrong one: refused; leafpool's user may not move the master
+        for login in ({}, {"username": SENTINEL_CLIENT_USER, "password": "wrong"}):
+            with pytest.raises(redis.AuthenticationError), \
+                    redis.Redis(port=sport, socket_timeout=5, **login) as stranger:
+                stranger.sentinel_get_master_addr_by_name("leafpool")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            sentinel.execute_command("SENTINEL", "FAILOVER", "leafpool")  # type: ignore[no-untyped-call]
+        # the health check, as its container runs it (the password from its environment)
+        check = unescape(config["sentinel-1"]["healthcheck"]["test"][1])
+        assert "-p 26379" in check and "grep -q redis-ha" in check
+        check = check.replace("-p 26379", f"-p {sport}").replace("redis-ha", "127.0.0.1")
+        _wait(nodes, lambda: subprocess.run(["sh", "-c", check], env={**os.environ, **sentinel_env},
+                                            timeout=10).returncode == 0,
+              30, "the sentinel's health check")
+        assert subprocess.run(["sh", "-c", check], timeout=10, capture_output=True, env={
+            **os.environ, **sentinel_env, "LEAFPOOL_REDIS_SENTINEL_PASSWORD": "wrong"}
+        ).returncode != 0
 
         def sees(master: int, replicas: int) -> bool:
             state = sentinel.sentinel_master("leafpool")
@@ -338,8 +365,11 @@ def test_the_ha_nodes_replicate_and_fail_over_under_their_users(
 
         _wait(nodes, lambda: sees(mport, 1), 30, "the sentinel's view, logged in")
         # the worker's pools, as leafpool opens them from the service's settings
+        worker_env = config["segment-worker-ha"]["environment"]
         worker = load_settings(
-            redis_url=config["segment-worker-ha"]["environment"]["LEAFPOOL_REDIS_URL"],
+            redis_url=worker_env["LEAFPOOL_REDIS_URL"],
+            redis_sentinel_username=worker_env["LEAFPOOL_REDIS_SENTINEL_USERNAME"],
+            redis_sentinel_password=worker_env["LEAFPOOL_REDIS_SENTINEL_PASSWORD"],
             redis_sentinels=f"127.0.0.1:{sport}", redis_master_name="leafpool",
             database_url=f"sqlite:///{tmp_path / 'leafpool.sqlite3'}")
 
@@ -364,6 +394,7 @@ def test_the_ha_nodes_replicate_and_fail_over_under_their_users(
         _wait(nodes, synced, 90, "the old master's sync from the new one")
         write("after")
         sentinel.close()
+        peer.close()
     finally:
         for node in reversed(nodes):
             node.stop()
