@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import threading
 import time
@@ -62,7 +63,6 @@ HTTP_HA = "http://127.0.0.1:8081"
 APP = ("leafpool-app", SECRETS["LEAFPOOL_ACL_APP_PASSWORD"])
 MONITOR = ("leafpool-monitor", SECRETS["LEAFPOOL_ACL_MONITOR_PASSWORD"])
 HA_NODES = ("redis-ha-master", "redis-ha-replica-1", "redis-ha-replica-2")
-SENTINELS = "sentinel-1:26379,sentinel-2:26379,sentinel-3:26379"
 ADMIN_PASSWORD = SECRETS["LEAFPOOL_ACL_ADMIN_PASSWORD"]
 
 
@@ -150,12 +150,16 @@ def stack(podman: c.Podman, images: c.BuildReport,
         stack = Stack(compose, podman, time.monotonic() - started)
         print(f"compose stack (default + ha) up and serving in {stack.started_in:.1f} s")
         # the README's `docker compose run --rm admin leafpool tag add order --step 1000`,
-        # a snowflake tag, and a tag on the ha group's Redis (through its sentinels)
+        # a snowflake tag, and a tag on the ha group's Redis: the admin role through the
+        # sentinels, with the Sentinel settings http-ha has (and its login to them, if any)
+        http_ha = yaml.safe_load(compose("config").stdout)["services"]["http-ha"]
+        ha_env = {k: str(v) for k, v in http_ha["environment"].items()
+                  if k.startswith("LEAFPOOL_REDIS_SENTINEL") or k == "LEAFPOOL_REDIS_MASTER_NAME"}
+        ha_env["LEAFPOOL_REDIS_URL"] = f"redis://leafpool-admin:{ADMIN_PASSWORD}@redis-ha-master/0"
+        as_ha = " ".join(f"{k}={shlex.quote(v)}" for k, v in ha_env.items())
         added = stack.admin(
             "leafpool tag add order --step 1000 && leafpool tag add flake --mode snowflake && "
-            f"LEAFPOOL_REDIS_SENTINELS={SENTINELS} LEAFPOOL_REDIS_MASTER_NAME=leafpool "
-            f"LEAFPOOL_REDIS_URL=redis://leafpool-admin:{ADMIN_PASSWORD}@redis-ha-master/0 "
-            "leafpool tag add ha --step 1000")
+            f"{as_ha} leafpool tag add ha --step 1000")
         assert ("order: added" in added and "flake: added" in added
                 and "ha: added" in added), added
         # docker-compose waits on health only in `up` and `run`: the tests run the checks
