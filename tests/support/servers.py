@@ -134,7 +134,9 @@ def redis_server(config: Path | None = None, extra_args: list[str] | None = None
 
 # -- MariaDB ---------------------------------------------------------------------------
 
-def mariadb_server() -> Server:
+def mariadb_server(extra_args: list[str] | None = None) -> Server:
+    """A MariaDB on a free port, user ``leafpool`` (all rights) over TCP, root over its
+    socket; ``extra_args``: more server options (``--ssl-cert=...``)."""
     binary = shutil.which("mariadbd") or shutil.which("mysqld") or (
         "/usr/sbin/mariadbd" if Path("/usr/sbin/mariadbd").exists() else None)
     install = shutil.which("mariadb-install-db") or shutil.which("mysql_install_db")
@@ -153,7 +155,8 @@ def mariadb_server() -> Server:
             "--bind-address=127.0.0.1", f"--socket={sock}", "--user=root",
             "--skip-name-resolve", "--innodb-buffer-pool-size=64M",
             "--innodb-flush-log-at-trx-commit=1", "--skip-log-bin",
-            f"--pid-file={datadir / 'mysqld.pid'}", "--max-connections=500"]
+            f"--pid-file={datadir / 'mysqld.pid'}", "--max-connections=500",
+            *(extra_args or [])]
     server = Server("mariadb", port, datadir, argv, datadir / "mariadb.log")
     server.start(timeout=60)
     # root@localhost has no password; grant it over TCP for the tests' throwaway server

@@ -71,9 +71,9 @@ def redis_server(config: Path | None = None, extra_args: list[str] | None = None
         missing(exc.what)
 
 
-def mariadb_server() -> Server:
+def mariadb_server(extra_args: list[str] | None = None) -> Server:
     try:
-        return servers.mariadb_server()
+        return servers.mariadb_server(extra_args)
     except NotInstalled as exc:
         missing(exc.what)
 

@@ -93,7 +93,7 @@ class MySqlRegistry(BaseRegistry):
                     hide_password(url),
                     "snowflake mode mysql needs a MySQL/MariaDB URL (mysql+pymysql://...)",
                 )
-            engine = make_engine(url, REGISTRY_TIMEOUTS)
+            engine = make_engine(url, REGISTRY_TIMEOUTS, settings.database_tls_used)
         self.engine = engine
         self.create_table = create_table
         self.lease_db_s = max(1, math.ceil(settings.snowflake_lease_seconds))
