@@ -229,6 +229,9 @@ default_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]
 [engine]
 cgroup_manager = "cgroupfs"
 events_logger = "file"
+# an exec session's conmon waits this long for an API client to read its exit code
+# (podman's default, 300 s, leaves one behind for five minutes after every check)
+exit_command_delay = 10
 events_logfile_path = "{run}/events.log"
 runtime = "runc"
 tmp_dir = "{run}/libpod"
