@@ -40,6 +40,7 @@ SQL_DIR = Path(__file__).parent / "sql"
 MYSQL_DEADLOCK = 1213
 MYSQL_LOCK_WAIT_TIMEOUT = 1205
 MYSQL_ACCESS_DENIED = 1045
+MYSQL_INSECURE_TRANSPORT = 3159
 
 metadata = MetaData()
 
@@ -161,9 +162,10 @@ def tls_hint(exc: DBAPIError) -> str:
     if "CERTIFICATE_VERIFY_FAILED" in text:
         return (" (the server's certificate: is its CA in LEAFPOOL_DATABASE_TLS_CA_FILE, "
                 "and does it name the host? LEAFPOOL_DATABASE_TLS_CHECK_HOSTNAME)")
-    if driver_code(exc) == MYSQL_ACCESS_DENIED:
-        return (" (the password; or a user created REQUIRE SSL or X509: "
-                "LEAFPOOL_DATABASE_TLS=true, LEAFPOOL_DATABASE_TLS_CERT_FILE and _KEY_FILE)")
+    if driver_code(exc) in (MYSQL_ACCESS_DENIED, MYSQL_INSECURE_TRANSPORT):
+        return (" (the password; or TLS, which the server (require_secure_transport) or "
+                "the user (REQUIRE SSL, X509) asks for: LEAFPOOL_DATABASE_TLS=true, "
+                "LEAFPOOL_DATABASE_TLS_CERT_FILE and _KEY_FILE)")
     return ""
 
 

@@ -257,7 +257,7 @@ def test_the_ha_profile_runs_a_master_two_replicas_three_sentinels_and_follows_t
         env = services[name]["environment"]
         settings = Settings(**{k.removeprefix("LEAFPOOL_").lower(): v for k, v in env.items()
                                if k.startswith("LEAFPOOL_") and v != ""
-                               and k != "LEAFPOOL_DATABASE_URL"})
+                               and not k.startswith("LEAFPOOL_DATABASE_")})
         assert settings.redis_topology == "sentinel" and settings.pop_replicas == "all"
         assert [h for h, _ in settings.sentinels] == ["sentinel-1", "sentinel-2", "sentinel-3"]
         # logged in to the sentinels as leafpool's sentinel user, pools and broker
@@ -283,7 +283,7 @@ def test_every_leafpool_service_logs_in_to_redis_as_its_role_and_holds_no_other_
     services: dict[str, Any],
 ) -> None:
     image = {n for n, svc in services.items() if svc.get("image") == "leafpool:latest"}
-    assert image - {"redis-acl"} == set(ROLE_OF), "a leafpool service without a role"
+    assert image - {"redis-acl", "db-tls"} == set(ROLE_OF), "a leafpool service without a role"
     for name, role in ROLE_OF.items():
         env = services[name]["environment"]
         urls = _urls(env)
@@ -342,6 +342,42 @@ def test_the_acl_file_is_written_by_leafpool_redis_acl_with_the_default_user_off
         broker = services[name]["environment"].get("LEAFPOOL_BROKER_URL")
         if role == "worker":
             assert broker and all(urlsplit(u).path == db for u in broker.split(";")), name
+
+
+def test_every_leafpool_service_reaches_mysql_over_tls_only_and_verifies_it(
+    services: dict[str, Any], resolved: dict[str, Any]
+) -> None:
+    """MySQL speaks TLS only over the network (require_secure_transport) with db-tls's
+    certificate; every service of the leafpool image that loads the settings verifies it
+    against the CA (hostname checked), mounted read-only from a volume that holds the CA's
+    certificate alone; tests/system/test_compose_database.py runs both sides."""
+    mysql = services["mysql"]
+    assert mysql["command"] == ["--ssl-ca=/etc/mysql/tls/ca.crt",
+                                "--ssl-cert=/etc/mysql/tls/server.crt",
+                                "--ssl-key=/etc/mysql/tls/server.key",
+                                "--require-secure-transport=ON"]
+    assert "db-tls-server:/etc/mysql/tls:ro" in mysql["volumes"]
+    assert mysql["depends_on"]["db-tls"]["condition"] == "service_completed_successfully"
+    tls = services["db-tls"]
+    assert tls["command"] == ["python", "/opt/leafpool/make-tls.py", "/tls/server", "/tls/ca",
+                              "mysql", "999"]
+    script = Path(_mounts(tls)["/opt/leafpool/make-tls.py"])
+    assert script == ROOT / "ops" / "mysql" / "make-tls.py" and script.is_file()
+    assert _mounts(tls)["/tls/server"] == "db-tls-server"
+    assert _mounts(tls)["/tls/ca"] == "db-tls-ca"
+    assert {"db-tls-server", "db-tls-ca"} <= set(resolved["volumes"])
+    with_settings = {n for n, svc in services.items()
+                     if "LEAFPOOL_DATABASE_URL" in svc.get("environment", {})}
+    assert with_settings == set(ROLE_OF)
+    for name in with_settings:
+        env = services[name]["environment"]
+        assert env["LEAFPOOL_DATABASE_TLS"] == "true", name
+        assert env["LEAFPOOL_DATABASE_TLS_CA_FILE"] == "/etc/leafpool/db-tls/ca.crt", name
+        assert "LEAFPOOL_DATABASE_TLS_CHECK_HOSTNAME" not in env, name  # checked: mysql
+        assert "db-tls-ca:/etc/leafpool/db-tls:ro" in services[name]["volumes"], name
+        # the CA is there before the settings load
+        deps = services[name].get("depends_on", {})
+        assert "db-tls" in deps or "mysql" in deps or "migrate" in deps, name
 
 
 def test_published_ports_listen_on_loopback_only(services: dict[str, Any]) -> None:
