@@ -196,14 +196,15 @@ def zookeeper_argv(cfg: Path) -> list[str]:
             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)]
 
 
-def zookeeper_server() -> Server:
+def zookeeper_server(extra_cfg: str = "") -> Server:
+    """A ZooKeeper on a free port; ``extra_cfg``: more lines of its zoo.cfg."""
     port = free_port()
     datadir = _tmpdir("zk")
     cfg = datadir / "zoo.cfg"
     cfg.write_text(
         f"tickTime=500\ndataDir={datadir}\nclientPort={port}\nclientPortAddress=127.0.0.1\n"
         "maxSessionTimeout=20000\nminSessionTimeout=1000\n"
-        "admin.enableServer=false\n4lw.commands.whitelist=ruok,stat,srvr\n"
+        "admin.enableServer=false\n4lw.commands.whitelist=ruok,stat,srvr\n" + extra_cfg
     )
     server = Server("zookeeper", port, datadir, zookeeper_argv(cfg), datadir / "zk.log")
     server.start(timeout=60)

@@ -78,8 +78,8 @@ def mariadb_server(extra_args: list[str] | None = None) -> Server:
         missing(exc.what)
 
 
-def zookeeper_server() -> Server:
+def zookeeper_server(extra_cfg: str = "") -> Server:
     try:
-        return servers.zookeeper_server()
+        return servers.zookeeper_server(extra_cfg)
     except NotInstalled as exc:
         missing(exc.what)

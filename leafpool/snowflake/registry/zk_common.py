@@ -20,6 +20,7 @@ from kazoo.retry import KazooRetry
 
 from leafpool.core.config import Settings
 from leafpool.core.errors import BackendUnavailable, ConfigurationError, WorkerIdUnavailable
+from leafpool.snowflake.registry import zk_acl
 from leafpool.snowflake.registry.base import BaseRegistry, Start
 from leafpool.snowflake.registry.cache import CacheRecord
 
@@ -128,7 +129,9 @@ class ZooKeeperRegistry(BaseRegistry):
         """A started kazoo client, or :class:`BackendUnavailable`."""
         session_s = self.settings.snowflake_lease_seconds
         retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0, max_jitter=0.1)
-        client = KazooClient(hosts=self.hosts, timeout=session_s, connection_retry=retry)
+        # LEAFPOOL_ZK_USERNAME/_PASSWORD: the digest login and the ACL of what it creates
+        client = KazooClient(hosts=self.hosts, timeout=session_s, connection_retry=retry,
+                             **zk_acl.client_options(self.settings.zk_login))
         info = SessionInfo(client, session_s)
         try:
             client.start(timeout=timeout_s or self.connect_timeout_s)
@@ -142,6 +145,17 @@ class ZooKeeperRegistry(BaseRegistry):
                 f"{self.identity}: ZooKeeper {self.hosts} unreachable: {exc!r}"
             ) from exc
         log.debug("%s: connected to ZooKeeper %s", self.identity, self.hosts)
+        try:  # the nodes an earlier release made open get the login's ACL (zk_acl.py)
+            zk_acl.secure(client, self.name, self.settings.zk_login, self.op_timeout_s)
+        except (*KAZOO_ERRORS, ConfigurationError) as exc:
+            threading.Thread(
+                target=close, args=(client,), name="leafpool-zk-close", daemon=True
+            ).start()
+            if isinstance(exc, ConfigurationError):
+                raise
+            raise BackendUnavailable(
+                f"{self.identity}: ZooKeeper {self.hosts}: ACL check failed: {exc!r}"
+            ) from exc
         return client, info
 
     def _data(self, ts: int, **extra: object) -> bytes:
