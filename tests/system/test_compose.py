@@ -42,6 +42,7 @@ SECRETS = {
     "MYSQL_PASSWORD": "dummy-mysql", "MYSQL_ROOT_PASSWORD": "dummy-mysql-root",
     **{f"LEAFPOOL_ACL_{role.upper()}_PASSWORD": f"dummy-{role}" for role in ROLES},
     "FLOWER_BASIC_AUTH": "flower:dummy-flower",
+    "LEAFPOOL_ZK_PASSWORD": "dummy-zookeeper",
 }
 #: needed by `--profile ha` only (its nodes refuse to start without them)
 HA_SECRETS = {"REDIS_REPLICATION_PASSWORD": "dummy-replication",
@@ -378,6 +379,29 @@ def test_every_leafpool_service_reaches_mysql_over_tls_only_and_verifies_it(
         # the CA is there before the settings load
         deps = services[name].get("depends_on", {})
         assert "db-tls" in deps or "mysql" in deps or "migrate" in deps, name
+
+
+def test_zookeeper_asks_for_a_login_and_only_the_services_claiming_worker_ids_hold_it(
+    services: dict[str, Any],
+) -> None:
+    """ZooKeeper closes a session that does not log in (enforce.auth, through the image's
+    ZOO_CFG_EXTRA); the services that claim worker IDs log in as leafpool, whose nodes are
+    its alone (tests/snowflake/registry/test_zk_acl.py runs both on a real ZooKeeper)."""
+    extra = services["zookeeper"]["environment"]["ZOO_CFG_EXTRA"].split()
+    assert extra == ["enforce.auth.enabled=true", "enforce.auth.schemes=digest"]
+    holders = {name for name, svc in services.items()
+               if "LEAFPOOL_ZK_PASSWORD" in svc.get("environment", {})}
+    assert holders == {"snowflake-worker", "segment-worker-ha"}
+    for name in holders:
+        env = services[name]["environment"]
+        assert env["LEAFPOOL_ZK_USERNAME"] == "leafpool"
+        assert env["LEAFPOOL_ZK_PASSWORD"] == SECRETS["LEAFPOOL_ZK_PASSWORD"]
+        login = Settings(zk_hosts=env["LEAFPOOL_ZK_HOSTS"], zk_username="leafpool",
+                         zk_password=env["LEAFPOOL_ZK_PASSWORD"]).zk_login
+        assert login.digest() == f"leafpool:{SECRETS['LEAFPOOL_ZK_PASSWORD']}"
+    for name, svc in services.items():  # no other service holds the password
+        if name not in holders:
+            assert "dummy-zookeeper" not in str(svc.get("environment", {})), name
 
 
 def test_published_ports_listen_on_loopback_only(services: dict[str, Any]) -> None:

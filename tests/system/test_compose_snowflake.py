@@ -45,8 +45,10 @@ def _in_uts_namespace() -> bool:
 
 def _env(spec: dict[str, Any], home: Path, zk_hosts: str, redis_url: str,
          hostname: str) -> dict[str, str]:
-    """The service's environment, its backends replaced by the test's."""
-    env = {k: str(v) for k, v in spec["environment"].items()}
+    """The service's environment, its backends replaced by the test's (a SQLite database:
+    without compose's MySQL and its TLS)."""
+    env = {k: str(v) for k, v in spec["environment"].items()
+           if not k.startswith("LEAFPOOL_DATABASE_TLS")}
     env.update(LEAFPOOL_ZK_HOSTS=zk_hosts, LEAFPOOL_REDIS_URL=redis_url,
                LEAFPOOL_BROKER_URL=redis_url,
                LEAFPOOL_DATABASE_URL=f"sqlite:///{home / 'leafpool.sqlite3'}",
