@@ -259,7 +259,8 @@ def test_secrets_are_referenced_never_held(rendered: Rendered) -> None:
     else:  # dev: made by secretGenerator from the env files make-secrets.sh wrote
         assert {s["metadata"]["name"].rsplit("-", 1)[0] for s in secrets} == {
             "leafpool-worker", "leafpool-http", "leafpool-admin", "leafpool-flower",
-            "leafpool-redis-acl", "leafpool-mariadb"}
+            "leafpool-redis-acl", "leafpool-mariadb", "leafpool-zookeeper",
+            "leafpool-database-tls", "leafpool-mariadb-tls"}
     # each leafpool workload reads its own role's Secret (README, Security)
     roles = {"leafpool-segment-worker": "leafpool-worker", "leafpool-snowflake": "leafpool-worker",
              "leafpool-beat": "leafpool-worker", "leafpool-http": "leafpool-http",
@@ -270,7 +271,10 @@ def test_secrets_are_referenced_never_held(rendered: Rendered) -> None:
             continue
         refs = [e["secretRef"]["name"] for c in containers(doc)
                 for e in c.get("envFrom", []) if "secretRef" in e]
-        assert [r.rsplit("-", 1)[0] if rendered.overlay == "dev" else r for r in refs] == [role]
+        # and ZooKeeper's login: the snowflake workers alone (optional: no Secret, no login)
+        zk = ["leafpool-zookeeper"] if doc["metadata"]["name"] == "leafpool-snowflake" else []
+        assert [r.rsplit("-", 1)[0] if rendered.overlay == "dev" else r for r in refs] == [
+            role, *zk]
 
 
 def test_the_workloads(rendered: Rendered) -> None:
@@ -289,7 +293,8 @@ def test_the_workloads(rendered: Rendered) -> None:
         "metadata.labels['apps.kubernetes.io/pod-index']"
     assert env["LEAFPOOL_SNOWFLAKE_CLAIM_AT_START"]["value"] == "true"
     assert worker["readinessProbe"]["exec"]["command"] == ["leafpool", "probe", "snowflake"]
-    (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap"
+                 and d["metadata"]["name"].startswith("leafpool-config")]
     assert config["data"]["LEAFPOOL_SNOWFLAKE_MODE"] == "k8s"
     assert config["data"]["LEAFPOOL_ZK_HOSTS"]
     assert "LEAFPOOL_SNOWFLAKE_WORKER_OFFSET" in config["data"]
@@ -315,6 +320,52 @@ def test_the_workloads(rendered: Rendered) -> None:
         for c in containers(doc):
             if is_leafpool(c):
                 assert c["image"] == "leafpool:latest", where(doc, c)  # kustomize images:
+
+
+def test_every_leafpool_workload_can_verify_the_database_s_tls(rendered: Rendered) -> None:
+    """The Secret leafpool-database-tls (optional: production creates it when its database
+    speaks TLS) is mounted read-only where LEAFPOOL_DATABASE_TLS_CA_FILE points, in every
+    container of the leafpool image that loads leafpool-config; readable by the pod's group
+    alone."""
+    for doc in workloads(rendered.docs):
+        for c in containers(doc):
+            config = [e["configMapRef"]["name"] for e in c.get("envFrom", [])
+                      if "configMapRef" in e]
+            if not is_leafpool(c) or not any(n.startswith("leafpool-config") for n in config):
+                continue  # dev Redis's init container writes the ACL file: no database
+            mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
+            assert mounts["db-tls"]["mountPath"] == "/etc/leafpool/db-tls", where(doc, c)
+            assert mounts["db-tls"]["readOnly"] is True, where(doc, c)
+            volumes = {v["name"]: v for v in doc["spec"]["template"]["spec"]["volumes"]}
+            secret = volumes["db-tls"]["secret"]
+            assert secret["secretName"].startswith("leafpool-database-tls"), where(doc, c)
+            assert secret["optional"] is True and secret["defaultMode"] == 0o440
+
+
+def test_dev_s_mariadb_and_zookeeper_refuse_clients_without_tls_or_a_login(
+    renders: dict[str, Rendered],
+) -> None:
+    """dev: MariaDB with the dev CA's certificate and its user leaf REQUIRE SSL (an init
+    script), leafpool set to TLS verified against that CA; ZooKeeper closing a session that
+    does not log in. tests/database/test_tls.py and tests/snowflake/registry/test_zk_acl.py
+    run both behaviours against real servers."""
+    docs = renders["dev"].docs
+    config = next(d for d in docs if d["kind"] == "ConfigMap"
+                  and d["metadata"]["name"].startswith("leafpool-config"))
+    assert config["data"]["LEAFPOOL_DATABASE_TLS"] == "true"
+    assert config["data"]["LEAFPOOL_DATABASE_TLS_CA_FILE"] == "/etc/leafpool/db-tls/ca.crt"
+    (mariadb,) = containers(find(docs, "StatefulSet", "mariadb"))
+    assert mariadb["args"] == ["--ssl-ca=/etc/mysql/tls/ca.crt",
+                               "--ssl-cert=/etc/mysql/tls/tls.crt",
+                               "--ssl-key=/etc/mysql/tls/tls.key"]
+    init = next(d for d in docs if d["kind"] == "ConfigMap"
+                and d["metadata"]["name"].startswith("leafpool-mariadb-init"))
+    assert "ALTER USER 'leaf'@'%' REQUIRE SSL;" in init["data"]["require-ssl.sql"]
+    mounts = {m["mountPath"]: m["name"] for m in mariadb["volumeMounts"]}
+    assert {"/etc/mysql/tls", "/docker-entrypoint-initdb.d"} <= set(mounts)
+    (zookeeper,) = containers(find(docs, "StatefulSet", "zookeeper"))
+    env = {e["name"]: e.get("value") for e in zookeeper["env"]}
+    assert env["ZOO_CFG_EXTRA"] == "enforce.auth.enabled=true enforce.auth.schemes=digest"
 
 
 def test_dev_runs_one_of_each_with_its_own_servers(renders: dict[str, Rendered]) -> None:
