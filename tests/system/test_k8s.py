@@ -260,7 +260,7 @@ def test_secrets_are_referenced_never_held(rendered: Rendered) -> None:
         assert {s["metadata"]["name"].rsplit("-", 1)[0] for s in secrets} == {
             "leafpool-worker", "leafpool-http", "leafpool-admin", "leafpool-flower",
             "leafpool-redis-acl", "leafpool-mariadb", "leafpool-zookeeper",
-            "leafpool-database-tls", "leafpool-mariadb-tls"}
+            "leafpool-mariadb-tls"}
     # each leafpool workload reads its own role's Secret (README, Security)
     roles = {"leafpool-segment-worker": "leafpool-worker", "leafpool-snowflake": "leafpool-worker",
              "leafpool-beat": "leafpool-worker", "leafpool-http": "leafpool-http",
@@ -323,10 +323,10 @@ def test_the_workloads(rendered: Rendered) -> None:
 
 
 def test_every_leafpool_workload_can_verify_the_database_s_tls(rendered: Rendered) -> None:
-    """The Secret leafpool-database-tls (optional: production creates it when its database
-    speaks TLS) is mounted read-only where LEAFPOOL_DATABASE_TLS_CA_FILE points, in every
-    container of the leafpool image that loads leafpool-config; readable by the pod's group
-    alone."""
+    """The ConfigMap leafpool-database-ca (a CA's certificate is public; optional:
+    production creates it when its database speaks TLS) is mounted read-only where
+    LEAFPOOL_DATABASE_TLS_CA_FILE points, in every container of the leafpool image that
+    loads leafpool-config."""
     for doc in workloads(rendered.docs):
         for c in containers(doc):
             config = [e["configMapRef"]["name"] for e in c.get("envFrom", [])
@@ -337,9 +337,9 @@ def test_every_leafpool_workload_can_verify_the_database_s_tls(rendered: Rendere
             assert mounts["db-tls"]["mountPath"] == "/etc/leafpool/db-tls", where(doc, c)
             assert mounts["db-tls"]["readOnly"] is True, where(doc, c)
             volumes = {v["name"]: v for v in doc["spec"]["template"]["spec"]["volumes"]}
-            secret = volumes["db-tls"]["secret"]
-            assert secret["secretName"].startswith("leafpool-database-tls"), where(doc, c)
-            assert secret["optional"] is True and secret["defaultMode"] == 0o440
+            source = volumes["db-tls"]["configMap"]
+            assert source["name"].startswith("leafpool-database-ca"), where(doc, c)
+            assert source["optional"] is True
 
 
 def test_dev_s_mariadb_and_zookeeper_refuse_clients_without_tls_or_a_login(
@@ -354,15 +354,22 @@ def test_dev_s_mariadb_and_zookeeper_refuse_clients_without_tls_or_a_login(
                   and d["metadata"]["name"].startswith("leafpool-config"))
     assert config["data"]["LEAFPOOL_DATABASE_TLS"] == "true"
     assert config["data"]["LEAFPOOL_DATABASE_TLS_CA_FILE"] == "/etc/leafpool/db-tls/ca.crt"
-    (mariadb,) = containers(find(docs, "StatefulSet", "mariadb"))
+    statefulset = find(docs, "StatefulSet", "mariadb")
+    (mariadb,) = [c for c in containers(statefulset) if c["name"] == "mariadb"]
     assert mariadb["args"] == ["--ssl-ca=/etc/mysql/tls/ca.crt",
                                "--ssl-cert=/etc/mysql/tls/tls.crt",
-                               "--ssl-key=/etc/mysql/tls/tls.key"]
+                               "--ssl-key=/etc/mysql/tls-key/tls.key"]
+    # the server's key: from its Secret through an init container into a memory emptyDir
+    (key,) = statefulset["spec"]["template"]["spec"]["initContainers"]
+    assert key["env"][0]["valueFrom"]["secretKeyRef"]["name"].startswith("leafpool-mariadb-tls")
+    assert "umask 077" in key["command"][-1]
+    volumes = {v["name"]: v for v in statefulset["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls-key"]["emptyDir"]["medium"] == "Memory"
     init = next(d for d in docs if d["kind"] == "ConfigMap"
                 and d["metadata"]["name"].startswith("leafpool-mariadb-init"))
     assert "ALTER USER 'leaf'@'%' REQUIRE SSL;" in init["data"]["require-ssl.sql"]
     mounts = {m["mountPath"]: m["name"] for m in mariadb["volumeMounts"]}
-    assert {"/etc/mysql/tls", "/docker-entrypoint-initdb.d"} <= set(mounts)
+    assert {"/etc/mysql/tls", "/etc/mysql/tls-key", "/docker-entrypoint-initdb.d"} <= set(mounts)
     (zookeeper,) = containers(find(docs, "StatefulSet", "zookeeper"))
     env = {e["name"]: e.get("value") for e in zookeeper["env"]}
     assert env["ZOO_CFG_EXTRA"] == "enforce.auth.enabled=true enforce.auth.schemes=digest"
@@ -423,7 +430,8 @@ def test_dev_does_not_render_without_its_secret_files(kubectl: str, tmp_path: Pa
     shutil.copytree(K8S, root, ignore=shutil.ignore_patterns("*.env"))
     done = _render(kubectl, root / "overlays" / "dev")
     assert done.returncode != 0
-    assert "secrets/worker.env" in done.stderr
+    # the first file the overlay reads and make-secrets.sh writes is named
+    assert "secrets/db-tls" in done.stderr or "secrets/worker.env" in done.stderr
 
 
 # -- the probes as the manifests write them, run against real processes -------------------
@@ -431,7 +439,8 @@ def test_dev_does_not_render_without_its_secret_files(kubectl: str, tmp_path: Pa
 def _pod_env(docs: list[Doc], **overrides: str) -> dict[str, str]:
     """The environment a leafpool pod gets from the ConfigMap, with ``overrides`` in place
     of its Secret and of what cannot be the same here (the port, the home)."""
-    (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap"
+                 and d["metadata"]["name"].startswith("leafpool-config")]
     return leafpool_env({**config["data"], **overrides})
 
 
