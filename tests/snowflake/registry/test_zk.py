@@ -382,6 +382,9 @@ def test_shipped_zoo_cfg_starts_and_grants_the_default_lease(tmp_path: Path) -> 
             zk_hosts=hosts,
             snowflake_name="t",
             snowflake_cache_dir=str(tmp_path / "cache"),
+            # the shipped config closes a session that does not log in (enforce.auth)
+            zk_username="leafpool",
+            zk_password="shipped-cfg-test",
         )
         reg = open_registry(settings, "host-a:w:0", background=False)
         assert isinstance(reg, ZkRegistry)
