@@ -34,7 +34,12 @@ from tests.support.nemesis_procs import (
 )
 from tests.support.processes import ROOT, leafpool_env
 from tests.support.servers import Server, free_port, mariadb_server, zookeeper_server
-from tests.support.topologies import HOST, SentinelGroup, sentinel_group
+from tests.support.topologies import (
+    HOST,
+    SentinelGroup,
+    sentinel_group,
+    shipped_sentinel_debug,
+)
 
 SENTINEL_CONF = ROOT / "ops" / "redis" / "sentinel.conf"
 CELERY = [sys.executable, "-m", "celery", "-A", "workers"]
@@ -51,7 +56,8 @@ class SentinelTimings:
 
 
 def shipped_sentinel_timings(path: Path = SENTINEL_CONF) -> SentinelTimings:
-    """The timings of the shipped sentinel.conf (what the run tests is what we ship)."""
+    """The timings of the shipped sentinel.conf (what the run tests is what we ship; the
+    SENTINEL DEBUG periods it names are applied too: ``shipped_sentinel_debug``)."""
     text = path.read_text()
 
     def value(directive: str) -> int:
@@ -116,7 +122,7 @@ class Deployment:
         self.group = sentinel_group(
             self.cfg.replicas, 3, MASTER_NAME, down_after_ms=t.down_after_ms,
             failover_timeout_ms=t.failover_timeout_ms, parallel_syncs=t.parallel_syncs,
-            quorum=t.quorum)
+            quorum=t.quorum, debug=shipped_sentinel_debug())
         self.redis = [RedisProcess(n) for n in self.group.data]
         self.db = ServerProcess("mariadb", "db", mariadb_server())
         settings: dict[str, Any] = {}
