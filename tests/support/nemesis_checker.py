@@ -13,6 +13,10 @@ and says, per tag, what the clients were handed and whether leafpool kept its pr
   the end of the heal) in which the tag served at least one ID; also leaving out the
   windows that overlap a Redis master down or paused with no failover completed yet (the
   master's fault until it ended or Sentinel switched the master, whichever came first).
+- **availability by empty-pool policy**: the same share leaving out the master outages,
+  counting only the calls of the clients with one ``LEAFPOOL_EMPTY_POLICY`` (a client
+  is named ``client-<i>-<policy>``): what an application with that policy saw of the
+  tag (issue 32 item 5, ``wait`` against ``reserve``).
 - **pauses**: every stretch longer than the threshold between two calls that served the
   tag, with the faults in progress during it, the failovers, the clients' errors, and how
   long the pause outlived the last of those faults.
@@ -99,6 +103,8 @@ class TagReport:
     served_windows: int = 0
     kept_windows: int = 0  # not overlapping a master outage
     served_kept_windows: int = 0
+    #: policy -> (windows kept, served by that policy's clients)
+    by_policy: dict[str, tuple[int, int]] = field(default_factory=dict)
     pauses: list[Pause] = field(default_factory=list)
     longest: Pause | None = None
     after_heal_s: float | None = None  # first serve after the heal began
@@ -111,6 +117,12 @@ class TagReport:
     @property
     def availability_kept(self) -> float:
         return self.served_kept_windows / self.kept_windows if self.kept_windows else 0.0
+
+    def availability_of(self, policy: str) -> float | None:
+        """The share of the kept windows (no master outage) in which a client with this
+        empty-pool policy got an ID of the tag; None when no such client asked."""
+        kept, served = self.by_policy.get(policy, (0, 0))
+        return served / kept if kept else None
 
     @property
     def balance(self) -> int | None:
@@ -212,6 +224,15 @@ def snowflake_inversions(calls: Sequence[Call]) -> tuple[int, list[str], dict[in
                                         for w, cs in sorted(per.items())}
 
 
+POLICY = re.compile(r"^client-\d+-(\w+)$")
+
+
+def policy_of(client: str) -> str | None:
+    """The empty-pool policy in a client's name (``client-<i>-<policy>``), else None."""
+    m = POLICY.match(client)
+    return m.group(1) if m else None
+
+
 def pauses(tag: str, served_at: Sequence[float], start: float, end: float,
            threshold: float = PAUSE_THRESHOLD_S) -> list[Pause]:
     """Stretches longer than ``threshold`` without a serve, between ``start`` and ``end``
@@ -302,6 +323,10 @@ def check(calls: Sequence[Call], events: Sequence[Event], tags: dict[str, str],
         served = [c.end for c in mine if c.served]
         r.windows, r.served_windows, r.kept_windows, r.served_kept_windows = windows(
             served, start, end, outages)
+        for policy in sorted({pol for c in mine if (pol := policy_of(c.client))}):
+            by = [c.end for c in mine if c.served and policy_of(c.client) == policy]
+            _, _, kept, served_kept = windows(by, start, end, outages)
+            r.by_policy[policy] = (kept, served_kept)
         r.pauses = pauses(tag, served, start, end, threshold)
         for p in r.pauses:
             p.faults = [f for f, _ in faults if f.start < p.end and f.end > p.start]

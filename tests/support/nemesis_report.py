@@ -17,6 +17,10 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
+def _policy_pct(x: float | None) -> str:
+    return "-" if x is None else _pct(x)
+
+
 def _counts(c: Counter[str], most: int = 4) -> str:
     return ", ".join(f"{k} {n}" for k, n in c.most_common(most)) or "-"
 
@@ -71,6 +75,12 @@ def print_report(console: Console, report: Report, pauses: bool = True) -> None:
             "never" if t.after_heal_s is None else f"{t.after_heal_s:.1f} s",
             "-" if t.balance is None else f"{t.balance:,}")
     console.print(tags)
+    policies = sorted({p for t in report.tags for p in t.by_policy})
+    if policies:
+        console.print("availability excl. master down, by the clients' empty-pool policy: "
+                      + "; ".join(f"{t.tag} " + " ".join(
+                          f"{p} {_policy_pct(t.availability_of(p))}" for p in policies)
+                          for t in report.tags))
     for t in report.tags:
         for ex in t.duplicate_examples:
             console.print(f"[red]{t.tag}: handed out twice: {ex}[/red]")
@@ -118,7 +128,8 @@ def print_series(console: Console, reports: Sequence[Report]) -> None:
     longest pause and its cause."""
     table = Table(title="nemesis runs")
     for col in ("seed", "faults", "failovers", "IDs", "dup", "inv", "availability per tag",
-                "excl. master down", "longest pause", "its cause"):
+                "excl. master down", "wait / reserve clients", "longest pause",
+                "its cause"):
         table.add_column(col, justify="left" if col in ("its cause",) else "right")
     for r in reports:
         longest = max((t.longest for t in r.tags if t.longest), key=lambda p: p.length,
@@ -128,6 +139,8 @@ def print_series(console: Console, reports: Sequence[Report]) -> None:
             f"{r.handed_out:,}", str(r.duplicates), str(r.inversions),
             " ".join(f"{t.tag} {_pct(t.availability)}" for t in r.tags),
             " ".join(f"{t.tag} {_pct(t.availability_kept)}" for t in r.tags),
+            " ".join(f"{t.tag} {_policy_pct(t.availability_of('wait'))} / "
+                     f"{_policy_pct(t.availability_of('reserve'))}" for t in r.tags),
             "-" if longest is None else f"{longest.tag} {_pause_text(r, longest)}",
             cause(r, longest))
     console.print(table)

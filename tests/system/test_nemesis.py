@@ -123,6 +123,21 @@ def test_a_pause_is_reported_with_the_fault_in_progress_and_the_master_outage_le
     assert tag.after_heal_s == pytest.approx(0.1)
 
 
+def test_availability_is_told_apart_by_the_clients_empty_pool_policy() -> None:
+    """Issue 32 item 5: what ``wait`` clients saw of a tag against ``reserve`` clients; a
+    client whose name has no policy counts for the tag only."""
+    calls = [_call(s, s + 0.1, 2 * s + 1, client="client-0-reserve") for s in range(20)]
+    calls += [_call(s + 0.5, s + 0.6, 2 * s + 2, client="client-1-wait") for s in range(5)]
+    calls += [_call(s + 0.5, s + 0.6, err="PoolEmpty", client="client-1-wait")
+              for s in range(5, 20)]
+    calls += [_call(0.2, 0.3, 100, client="http")]
+    events = [Event(T0, "phase", {"phase": "faults"}), Event(T0 + 20, "phase", {"phase": "end"})]
+    tag = check(calls, events, {"t": "segment"}).tag("t")
+    assert tag.by_policy == {"reserve": (20, 20), "wait": (20, 5)}
+    assert tag.availability_of("wait") == 0.25 and tag.availability_of("reserve") == 1.0
+    assert tag.availability_of("raise") is None
+
+
 def test_a_tag_that_stops_for_good_is_still_paused_at_the_end() -> None:
     found = pauses("t", [T0 + s for s in range(10)], T0, T0 + 30, threshold=5.0)
     assert len(found) == 1 and found[0].open_end and found[0].length == pytest.approx(21)
