@@ -146,19 +146,19 @@ def test_the_recipe_for_other_languages_with_redis_cli(topologies: Topologies) -
     reply is at least n. redis-cli (not redis-py) sends both in one connection."""
     if shutil.which("redis-cli") is None:
         pytest.skip("redis-cli is not installed")
-    top = topologies.replicated(1)
+    top = topologies.replicated(2)
     _fill(top)
 
     def pop_then_wait() -> list[str]:
         done = subprocess.run(
             ["redis-cli", "-p", str(top.master.port)], timeout=30, check=True,
-            input=f"LPOP leafpool:{{{TAG}}}:ids 2\nWAIT 1 200\n", capture_output=True,
+            input=f"LPOP leafpool:{{{TAG}}}:ids 2\nWAIT 2 200\n", capture_output=True,
             text=True)
         return done.stdout.split()
 
-    assert pop_then_wait() == ["1", "2", "1"]  # two IDs, one replica has them: use them
+    assert pop_then_wait() == ["1", "2", "2"]  # two IDs, both replicas have them: use them
     top.stall(top.replicas[0])
-    assert pop_then_wait() == ["3", "4", "0"]  # not acknowledged: never use 3 and 4
+    assert pop_then_wait() == ["3", "4", "1"]  # one of two: never use 3 and 4
 
 
 def test_a_refill_notices_the_failover_and_goes_on_from_the_promoted_state(
