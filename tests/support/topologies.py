@@ -244,11 +244,18 @@ def _launch(node: Node, timeout: float = 30.0) -> bool:
 
 
 def _data_argv(port: int, datadir: Path, config: Path | None, appendfsync: str | None,
-               extra_args: Iterable[str], tls: Pki | None = None) -> list[str]:
+               extra_args: Iterable[str], tls: Pki | None = None,
+               replica_of: int | None = None) -> list[str]:
     # a copy of its own: Sentinel's failover sends CONFIG REWRITE, which rewrites the file a
-    # node was started with (the shipped config must never get a throwaway node's port)
+    # node was started with (the shipped config must never get a throwaway node's port).
+    # A replica's first master goes in that file, not on the command line: a restart then
+    # follows the master Sentinel last gave it (the file), where --replicaof would send it
+    # back to its first master, by then perhaps a replica, until +fix-slave-config
     own = datadir / "redis.conf"
     shutil.copyfile(config or REDIS_CONF, own)
+    if replica_of is not None:
+        with own.open("a") as fh:
+            fh.write(f"\nreplicaof {HOST} {replica_of}\n")
     argv = [_binary("redis-server"), str(own), "--port", str(port),
             "--bind", HOST, "--dir", str(datadir), "--daemonize", "no", "--save", "",
             "--logfile", "",
@@ -314,11 +321,10 @@ class Replicated(Topology):
     def _start_data(self, replica_of: Node | None, config: Path | None,
                     appendfsync: str | None, extra_args: Iterable[str]) -> Node:
         extra = list(extra_args)
-        if replica_of is not None:
-            extra += ["--replicaof", HOST, str(replica_of.port)]
         name = "redis-master" if replica_of is None else "redis-replica"
-        node = self._start("data", name, lambda p, d: _data_argv(p, d, config, appendfsync,
-                                                                 extra, self.tls))
+        node = self._start("data", name, lambda p, d: _data_argv(
+            p, d, config, appendfsync, extra, self.tls,
+            None if replica_of is None else replica_of.port))
         self.data.append(node)
         return node
 

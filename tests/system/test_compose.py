@@ -210,8 +210,13 @@ def test_the_ha_profile_runs_a_master_two_replicas_three_sentinels_and_follows_t
     ha = {name for name, svc in services.items() if "ha" in svc.get("profiles", [])}
     assert ha == {"redis-ha-master", "redis-ha-replica-1", "redis-ha-replica-2", "sentinel-1",
                   "sentinel-2", "sentinel-3", "segment-worker-ha", "http-ha"}
-    for name in ("redis-ha-replica-1", "redis-ha-replica-2"):
-        assert services[name]["command"][-1].endswith("--replicaof redis-ha-master 6379")
+    for name in ("redis-ha-master", "redis-ha-replica-1", "redis-ha-replica-2"):
+        # the node's own file, which Sentinel's CONFIG REWRITE keeps: no --replicaof, which
+        # would send a restarted replica back to its first master
+        script = unescape(services[name]["command"][-1])
+        assert "redis-server /data/node.conf" in script and "--replicaof" not in script
+        first = "r='replicaof redis-ha-master 6379'" if "replica" in name else "r=''"
+        assert first in script, name
     for name in ("redis-ha-master", "redis-ha-replica-1", "redis-ha-replica-2"):
         assert services[name]["restart"] == "unless-stopped", name
     shipped = (ROOT / "ops" / "redis" / "sentinel.conf").read_text()

@@ -393,6 +393,18 @@ def test_the_ha_nodes_replicate_and_fail_over_under_their_users(
 
         _wait(nodes, synced, 90, "the old master's sync from the new one")
         write("after")
+        # Sentinel's CONFIG REWRITE kept the conversion in the node's own file, which its
+        # next start writes anew: killed and restarted, the old master comes back as the
+        # new master's replica at once, not as a master for Sentinel to convert again (nor,
+        # for a replica, following its first master: --replicaof on the command line)
+        nodes[0].kill(signal.SIGKILL)
+        nodes[0].start()
+        _wait(nodes, lambda: bool(_info(f"{monitor}:{mport}/0")), 30, "the old master back")
+        back = _info(f"{monitor}:{mport}/0")
+        assert (back.get("role"), back.get("master_port")) == ("slave", rport), back
+        own = (tmp_path / "m" / "node.conf").read_text()
+        assert own.startswith(f"include {tmp_path / 'm'}/redis.conf\n")
+        assert f"replicaof 127.0.0.1 {rport}" in own
         sentinel.close()
         peer.close()
     finally:
