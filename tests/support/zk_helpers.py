@@ -23,8 +23,10 @@ def unique_name() -> str:
 
 
 @contextmanager
-def raw_client(hosts: str) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=hosts, timeout=10)
+def raw_client(hosts: str, auth_data: list[tuple[str, str]] | None = None
+               ) -> Iterator[KazooClient]:
+    """A plain kazoo client (``auth_data``: kazoo's, e.g. a digest login), closed after."""
+    client = KazooClient(hosts=hosts, timeout=10, auth_data=auth_data)
     client.start(timeout=15)
     try:
         yield client

@@ -221,6 +221,21 @@ def test_mysql_mode_rides_through_a_database_outage_and_recovers_within_2s(
         heal(own_mariadb)
 
 
+def reserve_taker(redis_url: str) -> Callable[[], list[int]]:
+    """A client of the reserve policy taking 10 IDs a call, as a popper's ``take``: the
+    IDs of a call the pool could not fill whole count too (``PoolEmpty.partial``)."""
+    client = Client(redis.Redis.from_url(redis_url), settings=load_settings(
+        redis_url=redis_url), policy="reserve", wait_seconds=0)
+
+    def take() -> list[int]:
+        try:
+            return client.next_ids(TAG, 10)
+        except PoolEmpty as exc:
+            return exc.partial
+
+    return take
+
+
 def test_with_a_reserve_a_database_outage_is_ridden_through_for_the_reserve_and_the_lease(
     own_mariadb: services.Server, redis_url: str, r: redis.Redis, tmp_path: Path,
     run: list[Proc],
@@ -233,16 +248,7 @@ def test_with_a_reserve_a_database_outage_is_ridden_through_for_the_reserve_and_
                         snowflake_lease_seconds=15, snowflake_renew_seconds=4,
                         snowflake_reserve_seconds=30, pool_seconds=5, pool_floor=200)
     run.append(worker(env, tmp_path))
-    settings = load_settings(redis_url=redis_url)
-    client = Client(redis.Redis.from_url(redis_url), settings=settings, policy="reserve",
-                    wait_seconds=0)
-
-    def take() -> list[int]:
-        try:
-            return client.next_ids(TAG, 10)
-        except PoolEmpty as exc:
-            return exc.partial
-
+    take = reserve_taker(redis_url)
     popper: Popper | None = None
     try:
         services.wait_until(lambda: r.llen(IDS) >= 200, 60, "snowflake pool filled")
@@ -380,16 +386,7 @@ def test_every_refiller_paused_the_reserve_serves_the_tag(
                         pool_seconds=5, snowflake_reserve_seconds=60, pool_floor=200)
     proc = worker(env, tmp_path)
     run.append(proc)
-    settings = load_settings(redis_url=redis_url)
-    client = Client(redis.Redis.from_url(redis_url), settings=settings, policy="reserve",
-                    wait_seconds=0)
-
-    def take() -> list[int]:
-        try:
-            return client.next_ids(TAG, 10)
-        except PoolEmpty as exc:
-            return exc.partial
-
+    take = reserve_taker(redis_url)
     popper: Popper | None = None
     try:
         services.wait_until(lambda: r.llen(IDS) >= 200, 60, "snowflake pool filled")

@@ -33,7 +33,7 @@ from leafpool.core.errors import ConfigurationError, LeafpoolError
 from leafpool.snowflake.registry import open_registry
 from leafpool.snowflake.registry.zk_acl import owner_acl
 from tests.support import services
-from tests.support.zk_helpers import unique_name, wait_serving
+from tests.support.zk_helpers import raw_client, unique_name, wait_serving
 
 USER, PASSWORD = "leafpool", "zk pass:word"
 LOGIN = {"zk_username": USER, "zk_password": PASSWORD}
@@ -51,13 +51,8 @@ def _stranger(hosts: str, password: str | None = None) -> Iterator[KazooClient]:
     """A kazoo client without leafpool's login (``password``: with its user and that
     password instead)."""
     auth = [("digest", f"{USER}:{password}")] if password is not None else None
-    client = KazooClient(hosts=hosts, timeout=10, auth_data=auth)
-    client.start(timeout=15)
-    try:
+    with raw_client(hosts, auth) as client:
         yield client
-    finally:
-        client.stop()
-        client.close()
 
 
 def _refused(call: Callable[[], object]) -> bool:
