@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.nemesis_history import LineWriter, call_record
+from tests.support.stop_signals import stop_event
 
 MAX_N = 20
 HTTP_TIMEOUT_S = 10.0
@@ -130,9 +131,7 @@ def main() -> None:
     parser.add_argument("--http", default=None, help="the HTTP service's base URL")
     args = parser.parse_args()
     tags = [tuple(t.split(":", 1)) for t in args.tags]
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = stop_event(signal.SIGTERM, signal.SIGINT)
     run(args.out, [(t, m) for t, m in tags], args.seed, args.pace, args.http, stop)
 
 

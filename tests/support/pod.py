@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 from array import array
 from typing import Any
 
@@ -33,6 +32,7 @@ from leafpool.core.errors import BackendUnavailable, ClockMovedBackwards, Worker
 from leafpool.core.snowflake_layout import wall_clock_ms
 from leafpool.snowflake.registry import LeasedGenerator, open_registry, process_identity
 from leafpool.snowflake.registry.k8s import K8sRegistry
+from tests.support.stop_signals import stop_event
 
 
 def _unsafe() -> None:
@@ -76,8 +76,7 @@ def main(out: str) -> int:
     registry = open_registry(settings, identity, clock=clock,
                              start_wait_ms=settings.snowflake_start_wait_ms)
     gen = LeasedGenerator(registry, settings, clock=clock)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = stop_event(signal.SIGTERM)
     waiting = False
     while not stop.is_set():
         try:
