@@ -38,7 +38,7 @@ import pymysql.cursors
 
 from leafpool.children import die_with_parent
 from tests.support.process_group import ProcessGroup, log_tail
-from tests.support.servers import NotInstalled, Server, free_port, port_open
+from tests.support.servers import NotInstalled, Server, free_port, install_mariadb, port_open
 
 __all__ = ["GALERA", "HOST", "AsyncReplicated", "DbNode", "DbTopology", "Galera",
            "async_replicated", "galera"]
@@ -191,13 +191,6 @@ class DbNode:
         return log_tail(self.server, chars)
 
 
-def _install(data: Path, user: str) -> None:
-    install = _binary("mariadb-install-db", "mysql_install_db")
-    subprocess.run([install, "--no-defaults", f"--datadir={data}", f"--user={user}",
-                    "--auth-root-authentication-method=normal", "--skip-test-db"],
-                   check=True, capture_output=True, timeout=120)
-
-
 def _own(path: Path, user: str) -> None:
     """``chown -R user:user path``."""
     for root, dirs, files in os.walk(path):
@@ -208,8 +201,9 @@ def _own(path: Path, user: str) -> None:
 def _base_argv(port: int, datadir: Path, user: str) -> list[str]:
     return [_binary("mariadbd", "mysqld"), "--no-defaults", f"--datadir={datadir / 'data'}",
             f"--port={port}", f"--bind-address={HOST}", f"--socket={datadir / 'mysqld.sock'}",
-            f"--user={user}", "--skip-name-resolve", "--innodb-buffer-pool-size=64M",
-            "--innodb-log-file-size=16M", "--innodb-flush-log-at-trx-commit=1",
+            f"--user={user}", f"--tmpdir={datadir / 'tmp'}", "--skip-name-resolve",
+            "--innodb-buffer-pool-size=64M", "--innodb-log-file-size=16M",
+            "--innodb-flush-log-at-trx-commit=1",
             f"--pid-file={datadir / 'mysqld.pid'}", "--max-connections=300"]
 
 
@@ -239,9 +233,10 @@ class DbTopology(ProcessGroup["DbNode"]):
         if user is not None:
             shutil.chown(datadir, user, user)
         if install:
-            _install(datadir / "data", user or "root")
-        else:
+            install_mariadb(datadir / "data", user or "root")
+        else:  # (its temporary directory: tests/support/servers.py install_mariadb)
             (datadir / "data").mkdir()
+            (datadir / "tmp").mkdir()
         if user is not None:
             _own(datadir, user)
         node = DbNode(Server(name, port, datadir, argv_for(port, datadir, user or "root"),

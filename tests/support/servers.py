@@ -134,26 +134,40 @@ def redis_server(config: Path | None = None, extra_args: list[str] | None = None
 
 # -- MariaDB ---------------------------------------------------------------------------
 
+def install_mariadb(data: Path, user: str = "root") -> Path:
+    """``mariadb-install-db`` into ``data``, with a temporary directory of its own beside
+    it, returned for the server's ``--tmpdir``: bootstraps running at once (the suite's
+    workers) removed each other's temporary tables in /tmp ("Unknown table
+    'mysql.tmp_user_sys'")."""
+    install = shutil.which("mariadb-install-db") or shutil.which("mysql_install_db")
+    if install is None:
+        raise NotInstalled("mariadb-server")
+    tmp = data.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    shutil.chown(tmp, user, user)
+    subprocess.run(
+        [install, "--no-defaults", f"--datadir={data}", f"--user={user}",
+         "--auth-root-authentication-method=normal", "--skip-test-db"],
+        check=True, capture_output=True, timeout=120, env={**os.environ, "TMPDIR": str(tmp)},
+    )
+    return tmp
+
+
 def mariadb_server(extra_args: list[str] | None = None) -> Server:
     """A MariaDB on a free port, user ``leafpool`` (all rights) over TCP, root over its
     socket; ``extra_args``: more server options (``--ssl-cert=...``)."""
     binary = shutil.which("mariadbd") or shutil.which("mysqld") or (
         "/usr/sbin/mariadbd" if Path("/usr/sbin/mariadbd").exists() else None)
-    install = shutil.which("mariadb-install-db") or shutil.which("mysql_install_db")
-    if binary is None or install is None:
+    if binary is None:
         raise NotInstalled("mariadb-server")
     port = free_port()
     datadir = _tmpdir("mariadb")
     data = datadir / "data"
-    subprocess.run(
-        [install, "--no-defaults", f"--datadir={data}", "--user=root",
-         "--auth-root-authentication-method=normal", "--skip-test-db"],
-        check=True, capture_output=True, timeout=120,
-    )
+    tmp = install_mariadb(data)
     sock = datadir / "mysqld.sock"
     argv = [binary, "--no-defaults", f"--datadir={data}", f"--port={port}",
             "--bind-address=127.0.0.1", f"--socket={sock}", "--user=root",
-            "--skip-name-resolve", "--innodb-buffer-pool-size=64M",
+            f"--tmpdir={tmp}", "--skip-name-resolve", "--innodb-buffer-pool-size=64M",
             "--innodb-flush-log-at-trx-commit=1", "--skip-log-bin",
             f"--pid-file={datadir / 'mysqld.pid'}", "--max-connections=500",
             *(extra_args or [])]
