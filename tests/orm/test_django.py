@@ -37,6 +37,8 @@ LATEST_LOCK = ROOT / "requirements" / "django-latest.txt"
 LATEST_VENV = ROOT / ".venv-django-latest"
 VERSIONS = {"lts": "5.2.", "latest": "6.1."}
 MIN_TESTS = 28  # the project's suite: a run of fewer lost some on the way
+# one xdist worker runs them all (./dev test -n): the latest venv is made once, by one of them
+pytestmark = pytest.mark.xdist_group("django")
 #: a Python >= 3.12 named by hand (read here: the tests' own environment drops LEAFPOOL_*)
 PYTHON312 = os.environ.get("LEAFPOOL_PYTHON312", "")
 MINORS = range(12, 20)

@@ -112,12 +112,13 @@ def test_every_bench_module_imports_without_the_test_tools(bench_env: dict[str, 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # every section, beside the suite's other workers: minutes
 def test_the_benchmarks_run_without_the_test_tools(bench_env: dict[str, str]) -> None:
     for binary in ("redis-server", "mariadbd"):
         if shutil.which(binary) is None and not Path(f"/usr/sbin/{binary}").exists():
             services.missing(binary)
     done = subprocess.run([sys.executable, "-m", "bench", "--smoke"], env=bench_env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=840)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     out = done.stdout
     for section in ("IDs/s and latency per call", "MariaDB ticket server",

@@ -54,7 +54,8 @@ from tests.support.services import port_open, unavailable, wait_until
 from tests.system.test_compose import HA_SECRETS, SECRETS
 
 # the first test to use the images builds them: 6 min on a machine without the cache
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+# one xdist worker runs every container test (./dev test -n): one image build, one podman
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.xdist_group("containers")]
 pytest_plugins = ["tests.support.container_fixtures"]
 
 HTTP = "http://127.0.0.1:8080"

@@ -20,7 +20,8 @@ from tests.support import containers as c
 from tests.support.services import free_port, wait_until
 
 # the first test to use the images builds them: 6 min on a machine without the cache
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+# one xdist worker runs every container test (./dev test -n): one image build, one podman
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.xdist_group("containers")]
 pytest_plugins = ["tests.support.container_fixtures"]
 
 

@@ -64,7 +64,8 @@ from tests.support.services import wait_until
 from tests.system.test_k8s import K8S, _render, pod_spec
 
 # the first test to use the images builds them: 6 min on a machine without the cache
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+# one xdist worker runs every container test (./dev test -n): one image build, one podman
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.xdist_group("containers")]
 pytest_plugins = ["tests.support.container_fixtures"]
 
 Doc = dict[str, Any]
