@@ -15,7 +15,8 @@ Options: ``--seeds N`` (default 3), ``--first-seed S`` (default 1), ``--duration
 ship; ``1`` shows the stale-promotion hazard), ``--snowflake-mode zk`` (worker IDs from
 a ZooKeeper server, which is killed and paused too), ``--http`` (the HTTP service and an
 HTTP client process; the service is killed too), ``--links`` (each worker reaches
-MariaDB, and ZooKeeper, through a relay the nemesis partitions), ``--keep DIR`` (keep
+MariaDB, and ZooKeeper, through a relay the nemesis partitions), ``--clock`` (a worker
+restarted with its clock 5 s behind, libfaketime), ``--keep DIR`` (keep
 each run's history, events and logs in DIR/seed-N; else they are removed). ``--quick``:
 one seed of 180 s.
 ``--smoke`` does not start a deployment (a run takes minutes): it prints the report of a
@@ -66,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--links", action="store_true",
                        help="each worker reaches MariaDB (and ZooKeeper) through a relay the "
                             "nemesis partitions (db-partition, zk-partition)")
+    group.add_argument("--clock", action="store_true",
+                       help="a worker is restarted with its clock 5 s behind for 10-30 s "
+                            "(worker-clock-back; libfaketime, Debian package faketime)")
     group.add_argument("--keep", type=Path, default=None,
                        help="keep each run's files in DIR/seed-N")
 
@@ -101,7 +105,7 @@ def main(console: Console, sizes: NemesisSizes | None, args: argparse.Namespace)
     for seed in range(args.first_seed, args.first_seed + seeds):
         cfg = RunConfig(seed=seed, fault_s=fault_s, heal_s=sizes.heal_s,
                         pop_replicas=args.pop_replicas, snowflake_mode=args.snowflake_mode,
-                        http=args.http, links=args.links)
+                        http=args.http, links=args.links, clock=args.clock)
         if args.keep is not None:
             run_dir = args.keep / f"seed-{seed}"
             if run_dir.exists():

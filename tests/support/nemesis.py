@@ -33,6 +33,7 @@ import redis
 from leafpool.core.snowflake_layout import LEAF_EPOCH_MS
 from tests.support.nemesis_deploy import DeployConfig, Deployment
 from tests.support.nemesis_faults import (
+    CLOCK_KINDS,
     HTTP_KINDS,
     KINDS,
     LINK_KINDS,
@@ -70,6 +71,7 @@ class RunConfig:
     snowflake_mode: str = "local"
     http: bool = False
     links: bool = False  # workers reach MariaDB (and ZooKeeper) through relays: partitions
+    clock: bool = False  # a worker's clock set back (libfaketime)
     pace_s: float = 0.03  # per tag and client
     policies: tuple[str, ...] = ("wait", "wait", "reserve", "reserve")
 
@@ -83,6 +85,8 @@ class RunConfig:
             every["db-partition"] = LINK_KINDS["db-partition"]
             if self.snowflake_mode == "zk":
                 every["zk-partition"] = LINK_KINDS["zk-partition"]
+        if self.clock:
+            every |= CLOCK_KINDS
         if not self.kinds:
             return every
         unknown = set(self.kinds) - set(every)

@@ -11,10 +11,10 @@ run, as in Jepsen). Kinds are dealt from seeded shuffled decks, so that every ki
 once before any comes twice: a short run covers them all.
 
 Adding a kind: a :class:`FaultKind` with an existing action (a partition is the
-:class:`Pause` of a link), or a new :class:`Action` (a clock offset on a snowflake worker)
-whose ``inject`` and ``heal`` do the work; a role the deployment does not have yet needs a
-branch in its ``candidates``; :class:`~tests.support.nemesis.RunConfig` says which kinds a
-run draws from.
+:class:`Pause` of a link), or a new :class:`Action` (:class:`ClockBehind`, a worker's
+clock set back) whose ``inject`` and ``heal`` do the work; a role the deployment does not
+have yet needs a branch in its ``candidates``; :class:`~tests.support.nemesis.RunConfig`
+says which kinds a run draws from.
 """
 
 from __future__ import annotations
@@ -82,6 +82,30 @@ class FaultKind:
     duration_s: tuple[float, float]
 
 
+class ClockBehind(Action):
+    """The worker restarted with its wall clock ``seconds`` behind (libfaketime: a machine
+    whose clock was set back, a pod rescheduled onto a node whose clock lags) for the
+    fault's duration, then restarted with the right clock (the fault ends at that restart).
+    The offset is constant within each process: libfaketime cannot step the wall clock
+    alone inside a running one (its monotonic clock would step too, which no real clock
+    step does)."""
+
+    ends_at_restart = True
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def inject(self, target: Managed, supervisor: Supervisor) -> None:
+        target.clock_offset_s = -self.seconds  # for its next starts
+        KILL.inject(target, supervisor)
+        supervisor.release(target.name)  # started again at once, its clock behind
+
+    def heal(self, target: Managed, supervisor: Supervisor) -> None:
+        target.clock_offset_s = 0.0
+        KILL.inject(target, supervisor)
+        supervisor.release(target.name)
+
+
 KILL, PAUSE = Kill(), Pause()
 
 #: the kinds a run draws from, by default all of them. Durations: a worker paused 5-40 s
@@ -91,6 +115,7 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in [
     FaultKind("worker-kill", "worker", KILL, (0.0, 5.0)),
     FaultKind("worker-pause", "worker", PAUSE, (5.0, 40.0)),
     FaultKind("beat-kill", "beat", KILL, (0.0, 5.0)),
+    FaultKind("beat-pause", "beat", PAUSE, (5.0, 40.0)),
     FaultKind("master-kill", "master", KILL, (3.0, 12.0)),
     FaultKind("master-pause", "master", PAUSE, (2.0, 12.0)),
     FaultKind("replica-kill", "replica", KILL, (3.0, 12.0)),
@@ -112,6 +137,11 @@ HTTP_KINDS: dict[str, FaultKind] = {k.name: k for k in [
 LINK_KINDS: dict[str, FaultKind] = {k.name: k for k in [
     FaultKind("db-partition", "db-link", PAUSE, (5.0, 20.0)),
     FaultKind("zk-partition", "zk-link", PAUSE, (3.0, 15.0)),
+]}
+#: kinds that need libfaketime (Debian's faketime package: nemesis_procs.faketime_library):
+#: a worker running 5 s behind, its snowflake cache file ahead of its clock
+CLOCK_KINDS: dict[str, FaultKind] = {k.name: k for k in [
+    FaultKind("worker-clock-back", "worker", ClockBehind(5.0), (10.0, 30.0)),
 ]}
 #: the kinds whose target is the Redis master: while one is in progress and no failover
 #: completed, Redis itself cannot serve (the checker leaves those seconds out once)

@@ -31,6 +31,13 @@ from tests.support.servers import Server, port_open
 from tests.support.topologies import Node
 
 
+def faketime_library() -> Path:
+    """libfaketime (Debian's faketime package), or :class:`FileNotFoundError`."""
+    for path in sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1")):
+        return path
+    raise FileNotFoundError("libfaketime is not installed (Debian package faketime)")
+
+
 class Managed(ABC):
     """One process of the deployment under the nemesis."""
 
@@ -39,6 +46,9 @@ class Managed(ABC):
         self.role = role  # worker, beat, http, redis, db, zk
         self.killed_by_fault = False  # the next exit is the nemesis's, not the process's
         self.starts = 1
+        #: the wall clock of its next starts, in seconds from the machine's (libfaketime;
+        #: CommandProcess only)
+        self.clock_offset_s = 0.0
 
     @abstractmethod
     def alive(self) -> bool: ...
@@ -100,9 +110,14 @@ class CommandProcess(Managed):
         self.proc.kill()
 
     def start(self) -> None:
+        env = self.env
+        if self.clock_offset_s:
+            env = {**env, "LD_PRELOAD": str(faketime_library()),
+                   "FAKETIME": f"{self.clock_offset_s:+g}s"}
         with open(self.log, "a") as fh:
-            fh.write(f"\n===== nemesis: start {self.starts + 1} at {time.time():.3f}\n")
-        self.proc = Proc(self.argv, self.env, self.log)
+            fh.write(f"\n===== nemesis: start {self.starts + 1} at {time.time():.3f}"
+                     f"{f' clock {self.clock_offset_s:+g} s' if self.clock_offset_s else ''}\n")
+        self.proc = Proc(self.argv, env, self.log)
         self.starts += 1
 
     def stop(self) -> None:

@@ -13,8 +13,11 @@ after the heal. Availability is printed, not asserted (issue 28 item 2 is about 
 
 from __future__ import annotations
 
+import os
 import random
 import socket
+import sys
+import time
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
@@ -32,7 +35,7 @@ from tests.support.nemesis_checker import (
     pauses,
     snowflake_inversions,
 )
-from tests.support.nemesis_faults import KINDS, FaultSpec, Nemesis, schedule
+from tests.support.nemesis_faults import CLOCK_KINDS, KINDS, FaultSpec, Nemesis, schedule
 from tests.support.nemesis_history import (
     EVENTS,
     HISTORY,
@@ -46,12 +49,12 @@ from tests.support.nemesis_history import (
     write_json,
 )
 from tests.support.nemesis_links import Link
-from tests.support.nemesis_procs import Managed, Supervisor
+from tests.support.nemesis_procs import CommandProcess, Managed, Supervisor, faketime_library
 from tests.support.nemesis_report import cause, print_report
 from tests.support.servers import NotInstalled
 
 T0 = 1_700_000_000.0
-SEED = 3  # its schedule has 8 faults of 8 kinds: the master paused 3.5 s and killed 7.7 s
+SEED = 3  # 8 faults of 8 kinds (a beat paused among them): the master paused 7.5 s, killed 4.4 s
 
 
 def _call(start: float, end: float, *ids: int, tag: str = "t", client: str = "c",
@@ -261,6 +264,63 @@ def test_a_killed_process_is_held_down_then_restarted_and_its_fault_ends_at_the_
         ("skip", "worker-pause"), ("fault-end", "worker-2"), ("restart", "worker-1"),
         ("fault-end", "worker-1"), ("exited", "worker-2"), ("restart", "worker-2")]
     assert [e.get("by") for e in evs if e.ev == "exited"] == ["fault", "itself"]
+
+
+def test_a_worker_clock_set_back_runs_behind_until_the_heal_restarts_it_right(
+    tmp_path: Path,
+) -> None:
+    """worker-clock-back: the worker is killed and started again at once with its wall
+    clock 5 s behind (libfaketime), and at the heal killed and started with the machine's
+    clock; the fault ends at that restart."""
+    try:
+        faketime_library()
+    except FileNotFoundError as exc:
+        services.missing(str(exc))
+    clock = ("import time, sys\n"
+             "while True:\n"
+             "    print(f'CLOCK {time.time() - float(sys.argv[1]):+.1f}', flush=True)\n"
+             "    time.sleep(0.05)\n")
+    started = time.time()
+    worker = CommandProcess("worker-1", "worker", [sys.executable, "-c", clock, str(started)],
+                            dict(os.environ), tmp_path / "worker.log")
+    events = EventLog(tmp_path / EVENTS)
+    supervisor = Supervisor([worker], events, random.Random(1), delay_s=(0.0, 0.0))
+    nemesis = Nemesis([FaultSpec(0.0, "worker-clock-back", 2.0, 0)], CLOCK_KINDS,
+                      FakeTargets(worker), supervisor, events, started=time.monotonic())
+    supervisor.on_restart = nemesis.on_restart
+
+    seen: dict[int, float] = {}  # per process started: how far behind its last line was
+
+    def behind() -> float | None:
+        """How far behind the running process's clock is (None before its first line)."""
+        lines = worker.proc.lines
+        while not lines.empty():
+            line = lines.get_nowait()
+            if line.startswith("CLOCK"):
+                seen[worker.starts] = time.time() - started - float(line.split()[1])
+        return seen.get(worker.starts)
+
+    def turn() -> None:
+        nemesis.tick()
+        supervisor.tick()
+        supervisor.tick()  # (a restart due now happens on the second turn)
+
+    try:
+        services.wait_until(lambda: behind() is not None, 10, "the first line")
+        assert (behind() or 0.0) < 1.0
+        turn()
+        services.wait_until(lambda: (turn(), (behind() or 0.0) > 4.0)[1], 10,
+                            "the clock 5 s behind")
+        assert worker.starts == 2 and nemesis.open  # the fault in progress
+        services.wait_until(lambda: (turn(), not nemesis.open)[1], 15, "the fault healed")
+        assert worker.starts == 3
+        services.wait_until(lambda: behind() is not None, 10, "a line after the heal")
+        assert (behind() or 0.0) < 1.0, "the clock still behind after the heal"
+    finally:
+        worker.stop()
+        events.close()
+    assert [e.ev for e in read_events(tmp_path) if e.ev != "exited"] == [
+        "fault-start", "restart", "restart", "fault-end"]
 
 
 def test_a_partitioned_link_holds_the_bytes_and_delivers_them_when_it_mends() -> None:
