@@ -163,7 +163,11 @@ def mariadb_server(extra_args: list[str] | None = None) -> Server:
     port = free_port()
     datadir = _tmpdir("mariadb")
     data = datadir / "data"
-    tmp = install_mariadb(data)
+    try:
+        tmp = install_mariadb(data)
+    except BaseException:  # no server to stop: its directory goes now
+        shutil.rmtree(datadir, ignore_errors=True)
+        raise
     sock = datadir / "mysqld.sock"
     argv = [binary, "--no-defaults", f"--datadir={data}", f"--port={port}",
             "--bind-address=127.0.0.1", f"--socket={sock}", "--user=root",
