@@ -82,7 +82,10 @@ def test_a_refiller_killed_at_a_write_leaves_a_gap_at_most(
     victim.wait_line(f"AT {crash_at}", 60)
     victim.kill()
     max_before_recovery = store.get_tag("order").max_id
-    rt = Runtime(load_settings(**values))  # type: ignore[arg-type]
+    # the victim's lock is short, so that it expires soon; the recovering refiller's is
+    # the default: a refill slower than 500 ms on a loaded machine lost its own lock
+    # (StaleWrite, rightly)
+    rt = Runtime(load_settings(**{**values, "lock_ttl_ms": 30_000}))  # type: ignore[arg-type]
     # it died holding the lock, which expires on its own (TTL 500 ms): poll for that
     wait_for(lambda: not r.exists("leafpool:{order}:lock"), 10, "lock expiry")
     rt.refiller.refill("order", force=True)
