@@ -96,12 +96,15 @@ class ClockBehind(Action):
         self.seconds = seconds
 
     def inject(self, target: Managed, supervisor: Supervisor) -> None:
-        target.clock_offset_s = -self.seconds  # for its next starts
-        KILL.inject(target, supervisor)
-        supervisor.release(target.name)  # started again at once, its clock behind
+        self._restart(target, supervisor, -self.seconds)
 
     def heal(self, target: Managed, supervisor: Supervisor) -> None:
-        target.clock_offset_s = 0.0
+        self._restart(target, supervisor, 0.0)
+
+    @staticmethod
+    def _restart(target: Managed, supervisor: Supervisor, offset_s: float) -> None:
+        """Killed, and started again at once with its clock ``offset_s`` off."""
+        target.clock_offset_s = offset_s  # for its next starts
         KILL.inject(target, supervisor)
         supervisor.release(target.name)
 
