@@ -267,5 +267,26 @@ def describe(token: str | None) -> str:
     return "a beat that announces no presence (an earlier release, or on a Redis Cluster)"
 
 
+def written_here(value: object, replid: str) -> bool:
+    """Whether a lock whose value is ``value`` (None: no lock) holds on the master whose
+    replication ID is ``replid``: it exists and was written on this master. A lock written
+    on a former master (a failover promoted this node, or the master restarted) does not:
+    ``lock_acquire.lua`` takes it over at once (code 3), so a sweep that waited for its
+    release would wait out its TTL for nothing. A value without a replication ID (no
+    ``@``) is taken as held, as is every lock when ``replid`` is unknown (empty)."""
+    if value is None:
+        return False
+    held = _text(value)
+    at = held.rfind("@")
+    return at < 0 or not replid or held[at + 1:] == replid
+
+
+def replid_of(info: object) -> str:
+    """``master_replid`` from a raw reply of ``INFO replication`` (its text: bytes, or a
+    string), "" when it has none."""
+    found = re.search(r"master_replid:(\w+)", _text(info))
+    return found.group(1) if found else ""
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

@@ -11,6 +11,7 @@ from typing import Any
 
 from leafpool.core.keys import TagKeys
 from leafpool.redis import scripts
+from leafpool.redis.lock import written_here
 
 SCRIPTS = ("push_ids", "append_reserve", "take_reserve", "push_fresh", "record", "drop", "dry",
            "trim_reserve")
@@ -204,19 +205,22 @@ class Level:
 
 def level_commands(k: TagKeys, with_lock: bool = False) -> list[tuple[str, ...]]:
     """The reads of one :class:`Level`, as raw commands (packed by the sweep, sent on
-    the drop watcher's tracked connection)."""
+    the drop watcher's tracked connection). ``with_lock``: the lock's value too (where it
+    was written: :func:`~leafpool.redis.lock.written_here`)."""
     out = [("LLEN", k.ids), ("HMGET", k.state, *LEVEL_FIELDS)]
     if with_lock:
-        out.append(("EXISTS", k.lock))
+        out.append(("GET", k.lock))
     return out
 
 
-def level_from(tag: str, replies: Sequence[Any]) -> Level:
+def level_from(tag: str, replies: Sequence[Any], replid: str = "") -> Level:
     """A :class:`Level` from its commands' raw replies (numbers parsed from the bytes
-    as they come: ``int`` takes bytes, so only the mode is decoded)."""
+    as they come: ``int`` takes bytes, so only the mode is decoded). With the lock's
+    value, ``locked`` says whether it holds on the master whose replication ID is
+    ``replid``."""
     mode, low_water, reserve_due, pushed, target, dry = replies[1]
     return Level(tag, int(replies[0]), None if mode is None else text(mode),
                  int(low_water) if low_water else -1, reserve_due in (b"1", "1"),
                  int(pushed) if pushed else 0,
-                 bool(replies[2]) if len(replies) > 2 else False,
+                 written_here(replies[2], replid) if len(replies) > 2 else False,
                  int(target) if target else 0, bool(dry))

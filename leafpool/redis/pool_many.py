@@ -13,6 +13,7 @@ import redis
 
 from leafpool.core.keys import Keys, TagKeys
 from leafpool.redis.connect import is_cluster, redis_errors, wrap
+from leafpool.redis.lock import replid_of, written_here
 from leafpool.redis.pool_common import (
     SNAPSHOT_REPLIES,
     Level,
@@ -24,6 +25,7 @@ from leafpool.redis.pool_common import (
     snapshot_from,
     text,
 )
+from leafpool.redis.replicas import master_replid
 from leafpool.redis.retries import safely
 
 #: tags per pipeline of level reads (the sweep, the drop watcher's full pass)
@@ -193,30 +195,50 @@ class ManyTags:
 
     # -- levels: the sweep and the drop watcher (docs/design.md §3.7) ----------------------
 
-    def levels(self, tags: Sequence[str], with_lock: bool = False) -> list[Level]:
+    def levels(self, tags: Sequence[str]) -> list[Level]:
         """Each tag's :class:`Level` (list length and four state fields): what the sweep
         reads instead of snapshots, two commands a tag, packed in chunks
         (:meth:`_pipelined`)."""
-        n = 3 if with_lock else 2
-        raw = self._pipelined("levels", tags,
-                              lambda tag: level_commands(self.tag(tag), with_lock))
-        return [level_from(tag, raw[n * i:n * i + n]) for i, tag in enumerate(tags)]
+        raw = self._pipelined("levels", tags, lambda tag: level_commands(self.tag(tag)))
+        return [level_from(tag, raw[2 * i:2 * i + 2]) for i, tag in enumerate(tags)]
 
     def locks_held(self, tags: Sequence[str]) -> list[bool]:
-        """Whether each tag's refill lock is held (a refill is running), in one round trip."""
-        raw = self._pipelined("locks", tags, lambda tag: [("EXISTS", self.tag(tag).lock)])
-        return [bool(x) for x in raw]
+        """Whether a refill of each tag is running: its lock is held, and was taken on
+        this master (:func:`~leafpool.redis.lock.written_here`). One round trip for the
+        locks, and one ``INFO`` for each master holding a lock (one but on a Cluster)."""
+        values = self._pipelined("locks", tags, lambda tag: [("GET", self.tag(tag).lock)])
+        replids: dict[str, str] = {}  # a node's address -> its replication ID
+        out = []
+        for tag, value in zip(tags, values, strict=True):
+            if value is None:
+                out.append(False)
+                continue
+            key = self.tag(tag).lock
+            node = self._node_name(key)
+            if node not in replids:
+                replids[node] = master_replid(self.redis, key)
+            out.append(written_here(value, replids[node]))
+        return out
+
+    def _node_name(self, key: str) -> str:
+        """Which master holds ``key``: its address on a Cluster, one name otherwise."""
+        if is_cluster(self.redis):
+            return str(self.redis.get_node_from_key(key).name)
+        return ""
 
     def tracked_levels(self, conn: Any, tags: Sequence[str]) -> list[Level]:
         """:meth:`levels` with the lock, read on ``conn``: a connection of the drop watcher
         with client tracking on, so the next write to any key read here (a pop, a push,
-        the lock taken or released) sends the watcher one invalidation."""
+        the lock taken or released) sends the watcher one invalidation. The master's
+        replication ID is read with them (a lock written on a former master is not held:
+        :func:`~leafpool.redis.lock.written_here`)."""
         out: list[Level] = []
         for lo in range(0, len(tags), LEVEL_CHUNK):
             chunk = tags[lo:lo + LEVEL_CHUNK]
             commands = [c for tag in chunk for c in level_commands(self.tag(tag), True)]
-            raw = _on(conn, commands, "tracked levels")
-            out += [level_from(tag, raw[3 * i:3 * i + 3]) for i, tag in enumerate(chunk)]
+            info, *raw = _on(conn, [("INFO", "replication"), *commands], "tracked levels")
+            replid = replid_of(info)
+            out += [level_from(tag, raw[3 * i:3 * i + 3], replid) for i, tag in enumerate(chunk)]
         return out
 
     def tracked_tags(self, conn: Any) -> list[str]:

@@ -199,6 +199,15 @@ def replication_id(client: Any, key: str) -> tuple[str, str]:
     return str(info.get("master_replid", "")), str(me.get("laddr", "?"))
 
 
+def master_replid(client: Any, key: str) -> str:
+    """``master_replid`` of the master holding ``key`` (INFO replication)."""
+    try:
+        info = node_of(client, key).info("replication")
+    except redis.RedisError as exc:
+        raise wrap(exc, "the master's replication ID") from exc
+    return str(info.get("master_replid", ""))
+
+
 def log_discarded(tag: str, count: int, acked: int, required: int) -> None:
     log.warning("%s: %d ID(s) dropped: WAIT confirmed %d of %d replicas in time", tag, count,
                 acked, required)

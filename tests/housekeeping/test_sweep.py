@@ -28,6 +28,23 @@ def test_sweep_skips_a_tag_being_refilled(pool: Pool, r: redis.Redis) -> None:
     assert sweep(pool, 30) == []
 
 
+def test_a_lock_written_on_a_former_master_does_not_hold_the_tag_up(
+    pool: Pool, r: redis.Redis
+) -> None:
+    """docs/design.md §3.7: a refill held the tag's lock when its master died; the promoted
+    replica has the lock (replicated) until its TTL ends, but the next refill takes it over
+    at once (it names the former master's replication ID). The sweep queues that refill
+    instead of waiting out the TTL with the pool empty; a lock taken on this master still
+    holds the tag."""
+    pool.register("order", "segment", 0, low_water=2, target=4)
+    r.set("leafpool:{order}:lock", b"c3@" + b"0" * 40, px=30_000)  # a former master's
+    assert sweep(pool, 30) == [("order", "segment", False)]
+    pool.clear_queued("order")
+    r.delete("leafpool:{order}:lock")
+    assert pool.refill_lock("order", 30_000).acquire()  # a refill on this master
+    assert sweep(pool, 30) == []
+
+
 def _mixed_tags(pool: Pool, r: redis.Redis) -> None:
     """One tag of each kind the sweep must tell apart."""
     pool.register("new", "segment", 0)  # never refilled

@@ -129,6 +129,29 @@ def test_a_tag_being_refilled_is_queued_when_its_lock_is_released(
         w.stop()
 
 
+def test_a_tag_whose_lock_was_written_on_a_former_master_is_queued_at_once(
+    pool: Pool, r: redis.Redis, queued: Queued
+) -> None:
+    """A refill held the lock when its master died and a replica was promoted with it: the
+    lock names the former master's replication ID, and the next refill takes it over at
+    once. The watcher queues that refill; waiting for the lock's release (its TTL: nobody
+    releases it) left the pool empty for 30 s after a failover. A lock of this master
+    still holds its tag."""
+    filled(pool, r, "moved")
+    filled(pool, r, "busy")
+    r.set("leafpool:{moved}:lock", b"c3@" + b"0" * 40, px=60_000)
+    assert pool.refill_lock("busy", 60_000).acquire()
+    r.lpop("leafpool:{moved}:ids", 10)
+    r.lpop("leafpool:{busy}:ids", 10)
+    w = DropWatcher(pool, queued, interval_s=0.005).start()
+    try:
+        assert w.ready.wait(WAIT)
+        services.wait_until(lambda: queued.tags() == ["moved"], WAIT, "queued, lock and all")
+        assert "busy" not in queued.tags()  # its refill runs on this master
+    finally:
+        w.stop()
+
+
 def test_a_tag_drained_while_a_failed_refill_holds_it_is_queued_when_the_hold_ends(
     pool: Pool, r: redis.Redis, queued: Queued
 ) -> None:

@@ -25,6 +25,7 @@ from leafpool.core.errors import (
     ReplicasBehind,
     StaleWrite,
 )
+from leafpool.housekeeping.sweep import sweep
 from leafpool.redis import scripts
 from leafpool.redis.connect import connect
 from leafpool.redis.lock import RefillLock
@@ -274,6 +275,8 @@ def test_a_refill_lock_left_on_a_dead_master_is_taken_over_by_the_next_refill(
     new_pool = Pool(connect(after))
     assert new_pool.redis.pttl(new_pool.tag(TAG).lock) > 20_000  # the orphaned lock
     new_pool.redis.delete(new_pool.tag(TAG).ids)  # drained meanwhile
+    # the sweep queues the refill that takes the lock over: the lock does not hold the tag
+    assert sweep(new_pool, 30) == [(TAG, "segment", False)]
     result = SegmentRefiller(new_pool, store, after).refill(TAG)
     took = time.monotonic() - promoted
     assert not result.skipped and result.pushed == 100, result
