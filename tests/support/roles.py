@@ -8,7 +8,8 @@
   appending each acknowledged batch to OUT; Redis errors are retried (a restart).
 - ``client TAG OUT COUNT``: takes up to COUNT IDs with leafpool's Client (settings from
   the environment: Sentinel, replica-acknowledged pops), ``BATCH`` at a time, appending
-  each batch handed out to OUT with the time it was handed out; errors are retried.
+  each batch handed out to OUT with the time it was handed out; errors are retried, and
+  each change of error is written to ``OUT.errors`` with its time (a test's timeline).
 """
 
 from __future__ import annotations
@@ -96,13 +97,23 @@ def client(tag: str, out: str, count: int) -> None:
     batch = int(os.environ.get("BATCH", "10"))
     leaf = Client()
     got = 0
-    with open(out, "a") as fh:
+    last = ""
+    with open(out, "a") as fh, open(f"{out}.errors", "a") as errors:
         print("READY", flush=True)
         while got < count:
             try:
                 ids = leaf.next_ids(tag, batch)
-            except LeafpoolError:
-                continue  # failover under way, or pops dropped for want of replicas
+            except LeafpoolError as exc:  # failover under way, or pops dropped for want of replicas
+                seen = f"{type(exc).__name__}: {exc}"
+                if seen != last:
+                    errors.write(f"{time.time():.3f} {seen}\n")
+                    errors.flush()
+                    last = seen
+                continue
+            if last:
+                errors.write(f"{time.time():.3f} ok\n")
+                errors.flush()
+                last = ""
             fh.write("".join(f"{i} {time.time():.3f}\n" for i in ids))
             fh.flush()
             got += len(ids)

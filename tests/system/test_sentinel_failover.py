@@ -33,6 +33,7 @@ from tests.support.processes import Proc, leafpool_env, role
 from tests.support.topologies import shipped_sentinel_debug
 
 if TYPE_CHECKING:
+    from tests.support.topologies import SentinelGroup
     from tests.support.topology_fixtures import Topologies
 
 pytest_plugins = ["tests.support.topology_fixtures"]
@@ -47,6 +48,24 @@ def _handed_out(out: Path) -> list[tuple[int, float]]:
         return []
     lines = out.read_text().splitlines()
     return [(int(i), float(ts)) for i, ts in (line.split() for line in lines)]
+
+
+def _timeline(group: SentinelGroup, tmp_path: Path, outs: list[Path],
+              marks: dict[str, float]) -> str:
+    """What a failed pause bound needs to be explained: the test's own marks, each client's
+    errors and the last lines of the worker's, every Redis node's and sentinel's log."""
+    parts = ["marks: " + ", ".join(f"{k} {v:.3f}" for k, v in marks.items())]
+    for out in outs:
+        errors = Path(f"{out}.errors")
+        if errors.exists():
+            parts.append(f"-- {errors.name}\n{errors.read_text()[-3000:]}")
+    logs = [tmp_path / "worker.log", *(n.log for n in group.data),
+            *(s.log for s in group.sentinels)]
+    for log in logs:
+        if log.exists():
+            lines = log.read_text(errors="replace").splitlines()[-60:]
+            parts.append(f"-- {log.name} ({log.parent.name})\n" + "\n".join(lines))
+    return "\n".join(parts)
 
 
 def test_a_master_killed_mid_run_repeats_nothing_and_pops_resume(
@@ -81,6 +100,7 @@ def test_a_master_killed_mid_run_repeats_nothing_and_pops_resume(
         group.wait_failover(old)
         promoted_at = time.time()
         old.restart()  # its supervisor
+        restarted_at = time.time()
 
         def clients_done_or_worker_gone() -> bool:
             return not procs[0].alive() or not any(c.alive() for c in clients)
@@ -100,17 +120,25 @@ def test_a_master_killed_mid_run_repeats_nothing_and_pops_resume(
         assert all(a < b for a, b in itertools.pairwise(ids)), "a client saw IDs out of order"
     everything = [i for got in per_client for i, _ in got]
     assert len(everything) == len(set(everything)), "an ID was handed out twice"
-    after = sorted(ts for got in per_client for _, ts in got if ts > killed_at)
-    before = max(ts for got in per_client for _, ts in got if ts <= killed_at)
-    pause = after[0] - before
-    resumed = max(0.0, after[0] - promoted_at)  # 0: before the test's poll saw it
+    # the pause: the longest gap between IDs handed out that ends after the kill (a pop in
+    # flight at the kill can still land just after it; the gap follows it)
+    times = sorted(ts for got in per_client for _, ts in got)
+    gaps = [(b - a, a, b) for a, b in itertools.pairwise(times) if b > killed_at]
+    pause, before, first_after = max(gaps)
+    resumed = max(0.0, first_after - promoted_at)  # 0: before the test's poll saw it
     print(f"sentinel failover: pops paused {pause:.1f} s after the master's SIGKILL, "
           f"resumed {resumed:.1f} s after the promotion was seen; the worker never exited")
     # the figures are reported, not asserted tight: the pause holds Sentinel's own failover
-    # (down-after and election) and the remaining replica's resync to the new master before
-    # it can acknowledge pops. The bound only says pops must resume, with room for a loaded
-    # machine; no lock's TTL is in it any more
-    assert pause < 30, f"pops resumed only after {pause:.1f} s"
+    # (down-after and election), the remaining replica's resync to the new master and the
+    # old master's return as a replica (every replica acknowledges a pop), 4-6 s on two
+    # loaded cores. The bound says pops resume with room for a loaded machine, and below
+    # the refill lock's TTL (30 s): a lock a refill held on the dead master is no reason
+    # to wait (docs/design.md §3.7), and the drop watcher waiting for its release left the
+    # pool empty until it expired, 28 s after the promotion
+    marks = {"killed": killed_at, "promotion seen": promoted_at, "restarted": restarted_at,
+             "last before": before, "first after": first_after}
+    assert pause < 20, (f"pops resumed only after {pause:.1f} s\n"
+                        + _timeline(group, tmp_path, outs, marks))
 
 
 def _refills(r: redis.Redis, tag: str) -> int:
