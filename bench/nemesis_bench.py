@@ -15,7 +15,8 @@ Options: ``--seeds N`` (default 3), ``--first-seed S`` (default 1), ``--duration
 ship; ``1`` shows the stale-promotion hazard), ``--snowflake-mode zk`` (worker IDs from
 a ZooKeeper server, which is killed and paused too), ``--http`` (the HTTP service and an
 HTTP client process; the service is killed too), ``--links`` (each worker reaches
-MariaDB, and ZooKeeper, through a relay the nemesis partitions), ``--clock`` (a worker
+MariaDB, and ZooKeeper, through a relay the nemesis partitions, and Redis behind a fence
+it raises: root and iptables), ``--clock`` (a worker
 restarted with its clock 5 s behind, libfaketime), ``--keep DIR`` (keep
 each run's history, events and logs in DIR/seed-N; else they are removed). ``--quick``:
 one seed of 180 s.
@@ -66,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "is killed too)")
     group.add_argument("--links", action="store_true",
                        help="each worker reaches MariaDB (and ZooKeeper) through a relay the "
-                            "nemesis partitions (db-partition, zk-partition)")
+                            "nemesis partitions (db-partition, zk-partition), and Redis "
+                            "behind a fence it raises (redis-partition: root and iptables)")
     group.add_argument("--clock", action="store_true",
                        help="a worker is restarted with its clock 5 s behind for 10-30 s "
                             "(worker-clock-back; libfaketime, Debian package faketime)")

@@ -70,7 +70,9 @@ class RunConfig:
     pop_replicas: str = "all"
     snowflake_mode: str = "local"
     http: bool = False
-    links: bool = False  # workers reach MariaDB (and ZooKeeper) through relays: partitions
+    #: workers reach MariaDB (and ZooKeeper) through relays, and Redis behind fences
+    #: (root and iptables): partitions
+    links: bool = False
     clock: bool = False  # a worker's clock set back (libfaketime)
     pace_s: float = 0.03  # per tag and client
     policies: tuple[str, ...] = ("wait", "wait", "reserve", "reserve")
@@ -83,6 +85,7 @@ class RunConfig:
             every |= HTTP_KINDS
         if self.links:
             every["db-partition"] = LINK_KINDS["db-partition"]
+            every["redis-partition"] = LINK_KINDS["redis-partition"]
             if self.snowflake_mode == "zk":
                 every["zk-partition"] = LINK_KINDS["zk-partition"]
         if self.clock:

@@ -15,6 +15,7 @@ throwaway directories, whatever happened before.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import sys
@@ -25,7 +26,7 @@ from typing import Any
 
 from leafpool.segment.store import SegmentStore
 from tests.support.nemesis_history import HISTORY
-from tests.support.nemesis_links import Link
+from tests.support.nemesis_links import Fence, Link, fence_unusable
 from tests.support.nemesis_procs import (
     CommandProcess,
     Managed,
@@ -45,6 +46,9 @@ SENTINEL_CONF = ROOT / "ops" / "redis" / "sentinel.conf"
 CELERY = [sys.executable, "-m", "celery", "-A", "workers"]
 LEAFPOOL = [sys.executable, "-m", "leafpool.cli"]
 MASTER_NAME = "leafpool"
+#: the group IDs the fenced workers run with (tests/support/nemesis_links.py: Fence): two a
+#: run, by the runner's process ID (runs at once use other Redis ports anyway)
+FENCE_GIDS = 61000
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,7 @@ class Deployment:
         self.http_url: str | None = None
         self.clients: list[CommandProcess] = []
         self.links: list[Link] = []
+        self.fences: list[Fence] = []
         self.env: dict[str, str] = {}
 
     # -- start ---------------------------------------------------------------------------
@@ -146,10 +151,11 @@ class Deployment:
         store.add_snowflake_tag(self.cfg.snowflake_tag)
         store.engine.dispose()
         for i in (1, 2):
+            argv = [*CELERY, "worker", "--loglevel=INFO", "-c", str(self.cfg.concurrency),
+                    "-n", f"nemesis{i}@%h"]
             self.workers.append(CommandProcess(
-                f"worker-{i}", "worker",
-                [*CELERY, "worker", "--loglevel=INFO", "-c", str(self.cfg.concurrency),
-                 "-n", f"nemesis{i}@%h"], self._worker_env(i), self.logs / f"worker-{i}.log"))
+                f"worker-{i}", "worker", self._fenced(i, argv), self._worker_env(i),
+                self.logs / f"worker-{i}.log"))
         self.beat = CommandProcess(
             "beat", "beat", [*CELERY, "beat", "--loglevel=INFO", "-s",
                              str(self.cfg.run_dir / "beat-schedule")],
@@ -179,6 +185,21 @@ class Deployment:
             self.links.append(zk)
             env["LEAFPOOL_ZK_HOSTS"] = f"{HOST}:{zk.port}"
         return env
+
+    def _fenced(self, i: int, argv: list[str]) -> list[str]:
+        """Worker ``i``'s command: with links, run behind a fence the nemesis can raise
+        between it and every Redis node and sentinel (its own group ID)."""
+        if not self.cfg.links:
+            return argv
+        unusable = fence_unusable()
+        if unusable is not None:
+            raise RuntimeError(f"no Redis partition (--links) here: {unusable}")
+        assert self.group is not None
+        ports = [n.port for n in self.group.data] + [s.port for s in self.group.sentinels]
+        fence = Fence(f"redis-link-{i}", "redis-link", FENCE_GIDS + 2 * (os.getpid() % 1000) + i,
+                      ports)
+        self.fences.append(fence)
+        return fence.argv(argv)
 
     def _start_clients(self) -> None:
         tags = [f"{t}:{m}" for t, m in self.cfg.tags.items()]
@@ -246,6 +267,8 @@ class Deployment:
         return None
 
     def candidates(self, role: str) -> list[Managed]:
+        if role == "redis-link":
+            return list(self.fences)
         if role.endswith("-link"):
             return [link for link in self.links if link.role == role]
         if role in ("master", "replica"):
@@ -321,6 +344,8 @@ class Deployment:
                 p.stop()
         for link in self.links:
             link.stop()
+        for fence in self.fences:
+            fence.stop()
         for s in (self.db, self.zk):
             if s is not None:
                 s.resume()

@@ -136,10 +136,12 @@ HTTP_KINDS: dict[str, FaultKind] = {k.name: k for k in [
     FaultKind("http-kill", "http", KILL, (0.0, 3.0)),
 ]}
 #: kinds that need the links of tests/support/nemesis_links.py (a worker's connections to
-#: MariaDB, or to ZooKeeper in snowflake mode zk, through a relay the nemesis cuts)
+#: MariaDB, or to ZooKeeper in snowflake mode zk, through a relay the nemesis cuts; to
+#: every Redis node and sentinel behind a fence the nemesis raises)
 LINK_KINDS: dict[str, FaultKind] = {k.name: k for k in [
     FaultKind("db-partition", "db-link", PAUSE, (5.0, 20.0)),
     FaultKind("zk-partition", "zk-link", PAUSE, (3.0, 15.0)),
+    FaultKind("redis-partition", "redis-link", PAUSE, (3.0, 15.0)),
 ]}
 #: kinds that need libfaketime (Debian's faketime package: nemesis_procs.faketime_library):
 #: a worker running 5 s behind, its snowflake cache file ahead of its clock

@@ -1,5 +1,6 @@
 """Network links the nemesis can partition: a TCP relay on loopback between one process
-and one server (a Celery worker and MariaDB, a worker and ZooKeeper), and its fault.
+and one server (a Celery worker and MariaDB, a worker and ZooKeeper), and its fault; and
+a fence between one process and every Redis node and sentinel (:class:`Fence`).
 
 :class:`Link` listens on a free port and relays each connection to the server. ``cut``
 partitions the link as a network that drops packets would: nothing is relayed either way
@@ -15,8 +16,12 @@ nemesis's :class:`~tests.support.nemesis_faults.Pause` action partitions it.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import socket
+import subprocess
 import threading
+from collections.abc import Sequence
 
 from tests.support.nemesis_procs import Managed
 
@@ -128,3 +133,79 @@ class Link(Managed):
                 for s in (src, dst):
                     if s in self._sockets:
                         self._sockets.remove(s)
+
+
+class Fence(Managed):
+    """A partition between one process and Redis: packets it sends to any of ``ports``
+    (the data nodes and the sentinels) are dropped while the fence is up (paused), as a
+    firewall dropping them would. Sentinel hands out the nodes' own addresses, so no relay
+    can stand in between; the process runs with a group ID of its own (:meth:`argv`:
+    ``setpriv --regid``) and an iptables rule on loopback drops what sockets of that group
+    send to those ports (``-m owner --gid-owner``). Its connections stall (a connect's SYN
+    is dropped, a sent command is never acknowledged) until its own timeouts or the fence
+    lifts, and TCP's retransmissions carry what was held after that. Needs root and
+    iptables (:func:`fence_unusable`)."""
+
+    def __init__(self, name: str, role: str, gid: int, ports: Sequence[int]) -> None:
+        super().__init__(name, role)
+        self.gid = gid
+        self.ports = list(ports)
+        self.up = False
+
+    def argv(self, command: Sequence[str]) -> list[str]:
+        """``command`` run with this fence's group ID (its sockets are the fenced ones)."""
+        return ["setpriv", f"--regid={self.gid}", "--clear-groups", "--", *command]
+
+    def _rule(self) -> list[str]:
+        return ["OUTPUT", "-o", "lo", "-p", "tcp", "-d", HOST, "-m", "multiport",
+                "--dports", ",".join(map(str, self.ports)), "-m", "owner", "--gid-owner",
+                str(self.gid), "-m", "comment", "--comment", f"leafpool nemesis {self.name}",
+                "-j", "DROP"]
+
+    def alive(self) -> bool:
+        return True
+
+    def pid(self) -> int | None:
+        return None
+
+    def pause(self) -> None:
+        if not self.up:
+            _iptables("-I", *self._rule())
+            self.up = True
+
+    def resume(self) -> None:
+        if self.up:
+            _iptables("-D", *self._rule())
+            self.up = False
+
+    def kill(self) -> None:
+        raise RuntimeError("a fence is raised (paused), not killed")
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        self.resume()
+
+    @property
+    def partitioned(self) -> bool:
+        return self.up
+
+
+def _iptables(*args: str) -> None:
+    subprocess.run(["iptables", "-w", *args], check=True, capture_output=True, timeout=30)
+
+
+def fence_unusable() -> str | None:
+    """Why a :class:`Fence` cannot be raised here (None: it can): it needs root, iptables
+    (Debian's package, which ``./dev test`` installs) and setpriv (util-linux)."""
+    if os.geteuid() != 0:
+        return "a fence (iptables) needs root"
+    for tool in ("iptables", "setpriv"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    try:
+        _iptables("-S", "OUTPUT")
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"iptables cannot be used here: {exc}"
+    return None

@@ -16,9 +16,11 @@ from __future__ import annotations
 import os
 import random
 import socket
+import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
@@ -48,7 +50,7 @@ from tests.support.nemesis_history import (
     read_events,
     write_json,
 )
-from tests.support.nemesis_links import Link
+from tests.support.nemesis_links import Fence, Link, fence_unusable
 from tests.support.nemesis_procs import CommandProcess, Managed, Supervisor, faketime_library
 from tests.support.nemesis_report import cause, print_report
 from tests.support.servers import NotInstalled
@@ -350,6 +352,45 @@ def test_a_partitioned_link_holds_the_bytes_and_delivers_them_when_it_mends() ->
     finally:
         link.stop()
         server.close()
+
+
+_PING = """
+import sys, redis
+try:
+    print(redis.Redis(port=int(sys.argv[1]), socket_connect_timeout=1, socket_timeout=1).ping())
+except redis.RedisError as exc:
+    print(type(exc).__name__)
+"""
+
+
+def _ping_as(argv_of: Callable[[list[str]], list[str]], port: int) -> str:
+    """What a process started with ``argv_of(command)`` gets for a PING of ``port``."""
+    command = argv_of([sys.executable, "-c", _PING, str(port)])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    return done.stdout.strip() or done.stderr[-500:]
+
+
+def test_a_fenced_process_reaches_no_redis_port_until_the_fence_lifts(
+    redis_server: services.Server,
+) -> None:
+    """The Redis partition (``redis-partition``): while the fence is up, the process behind
+    it (its group ID) cannot reach the node's port, its connect dropped until its timeout;
+    other processes still can; once it lifts, the fenced one can again."""
+    unusable = fence_unusable()
+    if unusable is not None:
+        services.unavailable(unusable)
+    port = redis_server.port
+    fence = Fence("redis-link-1", "redis-link", 61999, [port])
+    try:
+        assert _ping_as(fence.argv, port) == "True"
+        fence.pause()
+        assert fence.partitioned
+        assert _ping_as(fence.argv, port) == "TimeoutError"
+        assert _ping_as(list, port) == "True"  # only the fenced process is cut off
+        fence.resume()
+        assert _ping_as(fence.argv, port) == "True"
+    finally:
+        fence.stop()
 
 
 # -- the run ---------------------------------------------------------------------------
