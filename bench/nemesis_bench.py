@@ -17,7 +17,8 @@ a ZooKeeper server, which is killed and paused too), ``--http`` (the HTTP servic
 HTTP client process; the service is killed too), ``--links`` (each worker reaches
 MariaDB, and ZooKeeper, through a relay the nemesis partitions, and Redis behind a fence
 it raises: root and iptables), ``--clock`` (a worker
-restarted with its clock 5 s behind, libfaketime), ``--keep DIR`` (keep
+restarted with its clock 5 s behind, libfaketime), ``--sentinels`` (two of the three
+sentinels killed or paused too), ``--keep DIR`` (keep
 each run's history, events and logs in DIR/seed-N; else they are removed). ``--quick``:
 one seed of 180 s.
 ``--smoke`` does not start a deployment (a run takes minutes): it prints the report of a
@@ -72,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--clock", action="store_true",
                        help="a worker is restarted with its clock 5 s behind for 10-30 s "
                             "(worker-clock-back; libfaketime, Debian package faketime)")
+    group.add_argument("--sentinels", action="store_true",
+                       help="two of the three sentinels are killed or paused too "
+                            "(sentinel-kill, sentinel-pause)")
     group.add_argument("--keep", type=Path, default=None,
                        help="keep each run's files in DIR/seed-N")
 
@@ -107,7 +111,8 @@ def main(console: Console, sizes: NemesisSizes | None, args: argparse.Namespace)
     for seed in range(args.first_seed, args.first_seed + seeds):
         cfg = RunConfig(seed=seed, fault_s=fault_s, heal_s=sizes.heal_s,
                         pop_replicas=args.pop_replicas, snowflake_mode=args.snowflake_mode,
-                        http=args.http, links=args.links, clock=args.clock)
+                        http=args.http, links=args.links, clock=args.clock,
+                        sentinels=args.sentinels)
         if args.keep is not None:
             run_dir = args.keep / f"seed-{seed}"
             if run_dir.exists():

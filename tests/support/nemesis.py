@@ -37,6 +37,7 @@ from tests.support.nemesis_faults import (
     HTTP_KINDS,
     KINDS,
     LINK_KINDS,
+    SENTINEL_KINDS,
     ZK_KINDS,
     FaultKind,
     FaultSpec,
@@ -74,6 +75,7 @@ class RunConfig:
     #: (root and iptables): partitions
     links: bool = False
     clock: bool = False  # a worker's clock set back (libfaketime)
+    sentinels: bool = False  # a sentinel killed or paused (two of the three)
     pace_s: float = 0.03  # per tag and client
     policies: tuple[str, ...] = ("wait", "wait", "reserve", "reserve")
 
@@ -90,6 +92,8 @@ class RunConfig:
                 every["zk-partition"] = LINK_KINDS["zk-partition"]
         if self.clock:
             every |= CLOCK_KINDS
+        if self.sentinels:
+            every |= SENTINEL_KINDS
         if not self.kinds:
             return every
         unknown = set(self.kinds) - set(every)
@@ -101,7 +105,8 @@ class RunConfig:
 class SentinelListener:
     """Every event a sentinel publishes (``+sdown``, ``+odown``, ``+switch-master``,
     ``-failover-abort-no-good-slave``...) into the event log, from a thread (it starts
-    no process). The nemesis never faults a sentinel."""
+    no process). The nemesis never faults this sentinel (the sentinel kinds pick among the
+    other two)."""
 
     def __init__(self, sentinel: Node, events: EventLog) -> None:
         self.sentinel = sentinel

@@ -31,6 +31,7 @@ from tests.support.nemesis_procs import (
     CommandProcess,
     Managed,
     RedisProcess,
+    SentinelProcess,
     ServerProcess,
 )
 from tests.support.processes import ROOT, leafpool_env
@@ -111,6 +112,7 @@ class Deployment:
         self.db: ServerProcess | None = None
         self.zk: ServerProcess | None = None
         self.redis: list[RedisProcess] = []
+        self.sentinels: list[SentinelProcess] = []
         self.workers: list[CommandProcess] = []
         self.beat: CommandProcess | None = None
         self.http: CommandProcess | None = None
@@ -129,6 +131,9 @@ class Deployment:
             failover_timeout_ms=t.failover_timeout_ms, parallel_syncs=t.parallel_syncs,
             quorum=t.quorum, debug=shipped_sentinel_debug())
         self.redis = [RedisProcess(n) for n in self.group.data]
+        # the first sentinel is the run's listener's (tests/support/nemesis.py): not faulted
+        self.sentinels = [SentinelProcess(s, shipped_sentinel_debug())
+                          for s in self.group.sentinels[1:]]
         self.db = ServerProcess("mariadb", "db", mariadb_server())
         settings: dict[str, Any] = {}
         if self.cfg.snowflake_mode == "zk":
@@ -252,7 +257,7 @@ class Deployment:
 
     def managed(self) -> list[Managed]:
         """Every process the supervisor restarts (not the clients: never faulted)."""
-        procs: list[Managed] = [*self.workers, *self.redis]
+        procs: list[Managed] = [*self.workers, *self.redis, *self.sentinels]
         for p in (self.beat, self.http, self.db, self.zk):
             if p is not None:
                 procs.append(p)

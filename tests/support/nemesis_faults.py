@@ -148,6 +148,12 @@ LINK_KINDS: dict[str, FaultKind] = {k.name: k for k in [
 CLOCK_KINDS: dict[str, FaultKind] = {k.name: k for k in [
     FaultKind("worker-clock-back", "worker", ClockBehind(5.0), (10.0, 30.0)),
 ]}
+#: kinds that fault a sentinel (two of the three: the run's listener reads the third):
+#: killed (restarted from its rewritten config) or paused, alone or with a Redis fault
+SENTINEL_KINDS: dict[str, FaultKind] = {k.name: k for k in [
+    FaultKind("sentinel-kill", "sentinel", KILL, (3.0, 15.0)),
+    FaultKind("sentinel-pause", "sentinel", PAUSE, (3.0, 20.0)),
+]}
 #: the kinds whose target is the Redis master: while one is in progress and no failover
 #: completed, Redis itself cannot serve (the checker leaves those seconds out once)
 MASTER_KINDS = frozenset({"master-kill", "master-pause"})

@@ -176,6 +176,23 @@ class RedisProcess(Managed):
         return [self.node.log]
 
 
+class SentinelProcess(RedisProcess):
+    """A sentinel of the group, restarted from the config file it rewrote (it keeps the
+    master it last knew, the replicas and the other sentinels), and given the
+    ``SENTINEL DEBUG`` periods again once it answers, as compose's sentinel does at each
+    start (``ops/redis/sentinel.conf``: they are not configuration directives)."""
+
+    def __init__(self, node: Node, debug: Sequence[str]) -> None:
+        super().__init__(node)
+        self.name, self.role = f"sentinel-{node.port}", "sentinel"
+        self.debug = list(debug)
+
+    def start(self) -> None:
+        super().start()
+        if self.debug:
+            self.node.command("SENTINEL", "DEBUG", *self.debug)
+
+
 class ServerProcess(Managed):
     """A server of tests/support/servers.py (MariaDB, ZooKeeper), restarted on its own
     data directory and port without waiting for the port (the main loop goes on)."""

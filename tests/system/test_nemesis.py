@@ -51,9 +51,16 @@ from tests.support.nemesis_history import (
     write_json,
 )
 from tests.support.nemesis_links import Fence, Link, fence_unusable
-from tests.support.nemesis_procs import CommandProcess, Managed, Supervisor, faketime_library
+from tests.support.nemesis_procs import (
+    CommandProcess,
+    Managed,
+    SentinelProcess,
+    Supervisor,
+    faketime_library,
+)
 from tests.support.nemesis_report import cause, print_report
 from tests.support.servers import NotInstalled
+from tests.support.topologies import Node, sentinel_group, shipped_sentinel_debug
 
 T0 = 1_700_000_000.0
 SEED = 3  # 8 faults of 8 kinds (a beat paused among them): the master paused 7.5 s, killed 4.4 s
@@ -391,6 +398,36 @@ def test_a_fenced_process_reaches_no_redis_port_until_the_fence_lifts(
         assert _ping_as(fence.argv, port) == "True"
     finally:
         fence.stop()
+
+
+def _periods(sentinel: Node) -> dict[str, int]:
+    """A sentinel's periods in ms (``SENTINEL DEBUG`` without arguments), by lower-case
+    name."""
+    raw = sentinel.command("SENTINEL", "DEBUG")
+    pairs = raw.items() if isinstance(raw, dict) else zip(raw[::2], raw[1::2], strict=True)
+    return {(k.decode() if isinstance(k, bytes) else str(k)).lower(): int(v) for k, v in pairs}
+
+
+def test_a_killed_sentinel_comes_back_with_the_periods_the_shipped_config_names() -> None:
+    """``sentinel-kill``: the supervisor restarts a sentinel from the config file it
+    rewrote (it still knows the master), and sets the ``SENTINEL DEBUG`` periods again, as
+    compose does at each start: they are runtime knobs, lost with the process (a
+    returning master would otherwise wait 8 s, not 2 s, to be made a replica)."""
+    debug = shipped_sentinel_debug()
+    group = sentinel_group(1, 3, debug=debug)
+    try:
+        sentinel = SentinelProcess(group.sentinels[1], debug)
+        assert sentinel.role == "sentinel"
+        sentinel.kill()
+        assert not sentinel.alive()
+        sentinel.start()
+        assert sentinel.alive() and sentinel.starts == 2
+        periods = _periods(sentinel.node)
+        wanted = dict(zip(debug[::2], map(int, debug[1::2]), strict=True))
+        assert {k: periods[k] for k in wanted} == wanted, periods
+        assert group.master_addr(sentinel.node)[1] == group.master.port
+    finally:
+        group.stop()
 
 
 # -- the run ---------------------------------------------------------------------------
