@@ -2,7 +2,8 @@
 item 4), each against a fresh deployment on loopback (tests/support/nemesis.py): Redis
 master + 2 replicas + 3 sentinels from the shipped configs, MariaDB, two Celery workers
 and a beat, four client processes (two ``wait``, two ``reserve``); a fault every 6-12 s
-(workers, beat, Redis master and replicas, MariaDB: killed or paused), then 30 s healed.
+(workers, beat, Redis master and replicas, MariaDB: killed or paused; a worker partitioned
+from MariaDB or from Redis; a worker's clock set back), then 30 s healed.
 
 Per seed it prints the checker's report (tests/support/nemesis_checker.py): the faults
 injected, the IDs handed out, duplicates and inversions (both must be 0), availability per
@@ -16,8 +17,9 @@ ship; ``1`` shows the stale-promotion hazard), ``--snowflake-mode zk`` (worker I
 a ZooKeeper server, which is killed and paused too), ``--http`` (the HTTP service and an
 HTTP client process; the service is killed too), ``--links`` (each worker reaches
 MariaDB, and ZooKeeper, through a relay the nemesis partitions, and Redis behind a fence
-it raises: root and iptables), ``--clock`` (a worker
-restarted with its clock 5 s behind, libfaketime), ``--sentinels`` (two of the three
+it raises: root and iptables), ``--clock`` (a worker restarted with its clock 5 s behind,
+libfaketime); both on by default where the machine can run them (``--no-links``,
+``--no-clock``: off), ``--sentinels`` (two of the three
 sentinels killed or paused too), ``--keep DIR`` (keep
 each run's history, events and logs in DIR/seed-N; else they are removed). ``--quick``:
 one seed of 180 s.
@@ -38,6 +40,8 @@ from rich.console import Console
 from tests.support.nemesis import RunConfig, run
 from tests.support.nemesis_checker import Report, check, check_run
 from tests.support.nemesis_history import Call, Event
+from tests.support.nemesis_links import fence_unusable
+from tests.support.nemesis_procs import faketime_library
 from tests.support.nemesis_report import print_report, print_series
 
 
@@ -66,13 +70,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--http", action="store_true",
                        help="the HTTP service and one HTTP client process join (the service "
                             "is killed too)")
-    group.add_argument("--links", action="store_true",
+    group.add_argument("--links", action=argparse.BooleanOptionalAction, default=None,
                        help="each worker reaches MariaDB (and ZooKeeper) through a relay the "
                             "nemesis partitions (db-partition, zk-partition), and Redis "
-                            "behind a fence it raises (redis-partition: root and iptables)")
-    group.add_argument("--clock", action="store_true",
+                            "behind a fence it raises (redis-partition: root and iptables); "
+                            "default: on where a fence can be raised")
+    group.add_argument("--clock", action=argparse.BooleanOptionalAction, default=None,
                        help="a worker is restarted with its clock 5 s behind for 10-30 s "
-                            "(worker-clock-back; libfaketime, Debian package faketime)")
+                            "(worker-clock-back; libfaketime, Debian package faketime); "
+                            "default: on where libfaketime is installed")
     group.add_argument("--sentinels", action="store_true",
                        help="two of the three sentinels are killed or paused too "
                             "(sentinel-kill, sentinel-pause)")
@@ -98,6 +104,25 @@ def smoke_report() -> Report:
                  {"config": {"seed": 0, "pop_replicas": "all"}})
 
 
+def optional_kinds(console: Console, links: bool | None, clock: bool | None
+                   ) -> tuple[bool, bool]:
+    """The partitions and the clock faults: as asked, else every one this machine can run
+    (said, with why one is left out)."""
+    if links is None:
+        unusable = fence_unusable()
+        links = unusable is None
+        if unusable is not None:
+            console.print(f"nemesis: no partitions (--links): {unusable}")
+    if clock is None:
+        try:
+            faketime_library()
+            clock = True
+        except FileNotFoundError as exc:
+            console.print(f"nemesis: no clock faults (--clock): {exc}")
+            clock = False
+    return links, clock
+
+
 def main(console: Console, sizes: NemesisSizes | None, args: argparse.Namespace) -> None:
     if sizes is None:
         console.print("nemesis: no deployment in --smoke (a run takes minutes; "
@@ -105,13 +130,14 @@ def main(console: Console, sizes: NemesisSizes | None, args: argparse.Namespace)
                       "history instead:")
         print_report(console, smoke_report())
         return
+    links, clock = optional_kinds(console, args.links, args.clock)
     seeds = args.seeds if args.seeds is not None else sizes.seeds
     fault_s = args.duration if args.duration is not None else sizes.fault_s
     reports = []
     for seed in range(args.first_seed, args.first_seed + seeds):
         cfg = RunConfig(seed=seed, fault_s=fault_s, heal_s=sizes.heal_s,
                         pop_replicas=args.pop_replicas, snowflake_mode=args.snowflake_mode,
-                        http=args.http, links=args.links, clock=args.clock,
+                        http=args.http, links=links, clock=clock,
                         sentinels=args.sentinels)
         if args.keep is not None:
             run_dir = args.keep / f"seed-{seed}"
