@@ -329,8 +329,11 @@ class Replicated(Topology):
         return node
 
     def wait_synced(self, timeout: float = 30.0) -> None:
-        """Every live, running replica follows the current master with its link up and has
-        everything the master had written when this was called."""
+        """Every live, running replica follows the current master with its link up, has
+        everything the master had written when this was called, and is online in the
+        master's own view: the master counts it in ``WAIT`` only from then on (after a full
+        resynchronisation, once it has the replica's first ``REPLCONF ACK``, which can come
+        after the replica reports its link up)."""
         target = int(self.master.info()["master_repl_offset"])
         for node in self.live_replicas():
             if node.paused():
@@ -343,7 +346,13 @@ class Replicated(Topology):
                 if info["master_link_status"] != "up":
                     return f"link {info['master_link_status']}"
                 offset = int(info["slave_repl_offset"])
-                return None if offset >= target else f"offset {offset} < {target}"
+                if offset < target:
+                    return f"offset {offset} < {target}"
+                seen = [v for k, v in self.master.info("replication").items()
+                        if k.startswith("slave") and isinstance(v, dict)
+                        and int(v.get("port", -1)) == node.port]
+                state = seen[0].get("state") if seen else "absent"
+                return None if state == "online" else f"{state} at the master"
 
             _wait(check, timeout, f"replica :{node.port} synced with :{self.master.port}")
 
