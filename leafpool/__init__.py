@@ -37,8 +37,7 @@ from leafpool.core.errors import (
     UnknownTag,
     WorkerIdUnavailable,
 )
-
-__version__ = "0.1.0"
+from leafpool.core.version import __version__
 
 __all__ = [
     "AsyncClient",
@@ -55,4 +54,5 @@ __all__ = [
     "StaleWrite",
     "UnknownTag",
     "WorkerIdUnavailable",
+    "__version__",
 ]

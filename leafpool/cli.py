@@ -35,6 +35,7 @@ from leafpool.core.errors import (
     LeafpoolError,
 )
 from leafpool.core.tags import validate_tag
+from leafpool.core.version import __version__
 from leafpool.redis.register import register
 from leafpool.runtime import Runtime
 from leafpool.status import plain_table
@@ -48,6 +49,21 @@ app.add_typer(tag_app, name="tag")
 app.add_typer(probe_app, name="probe")
 app.command("acl", help="The same as `leafpool redis acl`.")(redis_acl)
 app.command("status")(status)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"leafpool {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print the release (CHANGELOG.md) and exit.")] = False,
+) -> None:
+    """leafpool: distributed IDs from pre-generated Redis pools."""
 
 # -- tags -----------------------------------------------------------------------------
 
@@ -337,7 +353,8 @@ def up(
 
 def main() -> None:
     try:
-        get_settings()
+        if sys.argv[1:] != ["--version"]:  # the release is printed whatever the settings
+            get_settings()
     except ConfigurationError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         sys.exit(2)

@@ -10,6 +10,10 @@ they are shared by every process and survive a restart of the HTTP service.
 A scrape while Redis is down does not fail: it reports ``leafpool_up 0`` and nothing
 per tag, so the alert can say "Redis unreachable" instead of "target down".
 
+``leafpool_build_info{version="..."} 1`` names the release serving the scrape (the
+Prometheus convention for a build's facts), whatever Redis answers: during a rollout each
+process's scrape says which release it runs.
+
 ``leafpool_db_up`` is the database as the refillers last found it (docs/design.md §3.8):
 0 while a segment tag's allocations fail for want of it, from the state they record; a
 scrape never asks the database itself (a stopped database would hold the scrape for the
@@ -32,6 +36,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from leafpool.core.errors import LeafpoolError
+from leafpool.core.version import __version__
 from leafpool.metric_families import COUNTERS, GAUGES, LABELS
 from leafpool.redis.pool import Pool
 from leafpool.status import TagStatus, pool_status
@@ -41,6 +46,20 @@ log = logging.getLogger(__name__)
 DB_UP = ("leafpool_db_up", "1 unless a segment tag's allocations are failing for want of the "
          "database (as the refillers last found it: leafpool_db_unreachable_since_"
          "timestamp_seconds says which tags since when)")
+
+
+BUILD_INFO = ("leafpool_build_info", "1, labelled with the leafpool release serving this scrape "
+              "(CHANGELOG.md)")
+
+
+def build_info() -> GaugeMetricFamily:
+    family = GaugeMetricFamily(*BUILD_INFO, labels=["version"])
+    family.add_metric([__version__], 1.0)
+    return family
+
+
+def _build_info_text() -> str:
+    return _header(*BUILD_INFO, "gauge") + f'{BUILD_INFO[0]}{{version="{__version__}"}} 1.0\n'
 
 
 def db_up(statuses: list[TagStatus]) -> float:
@@ -61,6 +80,7 @@ class PoolCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         started = self._perf_counter()
+        yield build_info()
         up = GaugeMetricFamily("leafpool_up", "1 when Redis answered this scrape")
         try:
             statuses = pool_status(self.pool)
@@ -122,6 +142,7 @@ class PoolCollector(Collector):
 # every family this module exports (counters without their ``_total`` suffix); the
 # Grafana dashboard and the README use these names, and a test keeps them in step
 POOL_METRICS: tuple[str, ...] = (
+    BUILD_INFO[0],
     "leafpool_up",
     DB_UP[0],
     "leafpool_tags",
@@ -223,10 +244,12 @@ def pool_text(collector: PoolCollector) -> bytes:
     except LeafpoolError as exc:
         log.warning("metrics: cannot read the pools: %s", exc)
         return (
-            _header("leafpool_up", "1 when Redis answered this scrape", "gauge")
+            _build_info_text()
+            + _header("leafpool_up", "1 when Redis answered this scrape", "gauge")
             + "leafpool_up 0.0\n"
         ).encode()
     out = [
+        _build_info_text(),
         _header("leafpool_up", "1 when Redis answered this scrape", "gauge"),
         "leafpool_up 1.0\n",
         _header(*DB_UP, "gauge"),

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from leafpool.client import Client
 from leafpool.core.config import Settings
 from leafpool.core.errors import PoolEmpty
+from leafpool.core.version import __version__
 from leafpool.metrics import METRIC_NAMES, POOL_METRICS, make_registry, render
 from leafpool.redis.connect import connect
 from leafpool.redis.pool import Pool
@@ -186,8 +187,19 @@ def test_every_documented_name_is_exported(
 def test_a_scrape_with_redis_down_reports_up_0() -> None:
     dead = Pool(connect(f"redis://127.0.0.1:{free_port()}/0"), "leafpool")
     names, samples = scrape(dead)
-    assert names == {"leafpool_up"}
+    assert names == {"leafpool_up", "leafpool_build_info"}
     assert samples[("leafpool_up", ())] == 0.0
+    assert samples[("leafpool_build_info", (("version", __version__),))] == 1.0
+
+
+def test_the_build_info_names_the_release(pool: Pool) -> None:
+    """``leafpool_build_info{version=...} 1``: the release, as ``leafpool --version`` says
+    it, in both writers of the families (the text one /metrics serves, and collect())."""
+    _, samples = scrape(pool)
+    assert samples[("leafpool_build_info", (("version", __version__),))] == 1.0
+    collected = {(s.name, tuple(s.labels.items())): s.value
+                 for family in make_registry(pool).collect() for s in family.samples}
+    assert collected[("leafpool_build_info", (("version", __version__),))] == 1.0
 
 
 # -- the ops files that use the names ------------------------------------------------------

@@ -30,6 +30,7 @@ from typing import Any
 from celery.beat import PersistentScheduler
 
 from leafpool.core.errors import LeafpoolError
+from leafpool.core.version import __version__
 from leafpool.housekeeping.sweep import QUEUED_SECONDS, Due
 from leafpool.housekeeping.watch import DropWatcher, supported
 from leafpool.redis.connect import connect
@@ -63,6 +64,7 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
         self._active = False
         self._just_acquired = False
         self._standing_by: str | None = None  # the holder this beat last stood by for
+        log.warning("leafpool %s: beat on %s started", __version__, self._identity)
 
     def _hold(self) -> bool:
         try:

@@ -3,14 +3,18 @@ connection inherited from the parent process is never shared."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
 
-from celery.signals import celeryd_init, worker_process_init, worker_process_shutdown
+from celery.signals import celeryd_init, worker_process_init, worker_process_shutdown, worker_ready
 
+from leafpool.core.version import __version__
 from leafpool.runtime import Runtime
 from leafpool.snowflake.registry import process_identity
+
+log = logging.getLogger(__name__)
 
 _runtime: Runtime | None = None
 _stop_claiming = threading.Event()
@@ -37,6 +41,24 @@ def _remember_node_name(sender: Any = None, **_: object) -> None:
     global _node_name
     if sender:
         _node_name = str(sender)
+
+
+def start_line(node: str, queues: list[str], prefix: str) -> str:
+    """What a worker says when it is ready: its release, and the queues it reads under which
+    broker prefix (a rollout's mixed workers say which is which, docs/how-to/upgrades.md)."""
+    return (f"leafpool {__version__}: worker {node} ready, reading "
+            f"{', '.join(sorted(queues)) or 'no queue'} under the broker prefix {prefix!r}")
+
+
+@worker_ready.connect
+def _say_ready(sender: Any = None, **_: object) -> None:
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    queues = list(app.amqp.queues.consume_from or app.amqp.queues)
+    prefix = app.conf.broker_transport_options.get("global_keyprefix", "")
+    # WARNING: Celery's default log level, so the line is there however the worker runs
+    log.warning("%s", start_line(str(getattr(sender, "hostname", _node_name)), queues, prefix))
 
 
 @worker_process_init.connect

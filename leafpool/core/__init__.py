@@ -7,7 +7,8 @@ the settings read from the environment and validated once
 (:mod:`~leafpool.core.config`, :mod:`~leafpool.core.backend_settings`,
 :mod:`~leafpool.core.setting_values`, :mod:`~leafpool.core.tls`,
 :mod:`~leafpool.core.credentials`), and the snowflake
-ID layout the generator and the settings share (:mod:`~leafpool.core.snowflake_layout`).
+ID layout the generator and the settings share (:mod:`~leafpool.core.snowflake_layout`),
+and the release this code is (:mod:`~leafpool.core.version`).
 
 May import: nothing of leafpool outside this room. Issues no Redis command and no SQL.
 """
