@@ -13,7 +13,9 @@ over can write nothing. The three scripts (``lua/lock_acquire.lua``, ``lock_exte
 - a lock written on a former master (its replication ID is not this master's: a
   failover promoted a replica, or the master restarted) is taken over at once: its
   holder's connection went with that master, and the holder's writes are fenced by the
-  token it no longer matches;
+  token it no longer matches; a value that names no replication ID (redis-py's ``Lock``,
+  which builds before this form held the locks with) is another holder's, waited out
+  (docs/reference/compatibility.md);
 - a release repeated after a lost reply finds the lock free.
 
 The beat lock also says who holds it and whether that holder is still there: a beat
@@ -273,12 +275,18 @@ def written_here(value: object, replid: str) -> bool:
     on a former master (a failover promoted this node, or the master restarted) does not:
     ``lock_acquire.lua`` takes it over at once (code 3), so a sweep that waited for its
     release would wait out its TTL for nothing. A value without a replication ID (no
-    ``@``) is taken as held, as is every lock when ``replid`` is unknown (empty)."""
+    ``@`` followed by 40 hex digits: redis-py's ``Lock``, which builds before this form held
+    the locks with, or anything unrecognised) is taken as held, as ``lock_acquire.lua``
+    does, and so is every lock when ``replid`` is unknown (empty)."""
     if value is None:
         return False
     held = _text(value)
-    at = held.rfind("@")
-    return at < 0 or not replid or held[at + 1:] == replid
+    at = held.find("@")
+    named = held[at + 1:] if at >= 0 else ""
+    return not replid or named == replid or not _REPLID.fullmatch(named)
+
+
+_REPLID = re.compile(r"[0-9a-f]{40}")
 
 
 def replid_of(info: object) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 import redis
 
 from leafpool.redis import scripts
-from leafpool.redis.lock import BeatLock, RefillLock, clean_identity, describe
+from leafpool.redis.lock import BeatLock, RefillLock, clean_identity, describe, written_here
 from tests.support import services
 from tests.support.clocks import FakeWallClock
 from tests.support.processes import Proc, leafpool_env
@@ -227,3 +227,32 @@ def test_a_malformed_identity_writes_nothing(r: redis.Redis) -> None:
     assert r.exists(BEAT) == 0
     assert clean_identity("pod name/1@x") == "pod-name-1-x"
     assert clean_identity("") == "beat" and len(clean_identity("h" * 300)) == 255
+
+
+def test_a_lock_of_an_unrecognised_format_is_held_not_a_former_masters(r: redis.Redis) -> None:
+    """A value that names no replication ID is not a lock left on a former master: it is
+    another holder's, waited out by its TTL. Builds before the ``nonce@replid`` form
+    (pre-0.1.0 builds) held the refill lock and the beat lock with redis-py's ``Lock``: a
+    bare token, no ``@``. Taking it over at once let a rollout's new beat take the beat
+    lock from the running old one, and a new worker an old worker's refill lock
+    mid-refill (issue 29). A ``@`` followed by what is no replication ID (40 hex
+    digits) is not one either. The sweep's and the watcher's reading
+    (:func:`written_here`) agree: such a lock is a running refill."""
+    old = r.lock(KEY, timeout=30)  # redis-py's Lock: SET NX PX with a uuid token
+    assert old.acquire(blocking=False)
+    token = r.get(KEY)
+    assert token is not None and b"@" not in token
+    lock = RefillLock(r, KEY, 10_000)
+    assert not lock.acquire() and lock.holder == token.decode()
+    assert r.get(KEY) == token and written_here(token, _replid(r))
+    old.release()  # redis-py's own compare-and-delete still finds its token
+    assert lock.acquire()
+    lock.release()
+    for value in (b"c3@", b"c3@replica-1", b"c3@" + b"g" * 40, b"c3@" + b"0" * 39, b"plain"):
+        r.set(KEY, value, px=30_000)
+        assert _acquire(r, "d4") == (0, value), value
+        assert written_here(value, _replid(r)), value
+        beat = BeatLock(r, BEAT, 60, identity="host-c")
+        r.set(BEAT, value, px=30_000)
+        assert not beat.acquire() and r.get(BEAT) == value, value
+    assert not written_here(b"c3@" + b"0" * 40, _replid(r))  # a former master's, as before

@@ -20,7 +20,8 @@
 --    1  taken: the lock was free; value is the caller's token
 --    2  already the caller's (its nonce): an acquire repeated after its reply was lost;
 --       the TTL is set again; value is the caller's token
---    3  taken over: the lock names another replication ID, so it was written on a
+--    3  taken over: the lock names another replication ID (40 hex digits, the form
+--       of master_replid), so it was written on a
 --       former master (a failover promoted this node, or it restarted and lost its
 --       replication ID): its holder's connection went with that master, and every write
 --       of that holder is fenced by the token it no longer matches; value is the
@@ -29,7 +30,9 @@
 --       presence, and nobody is subscribed to its channel any more (PUBSUB NUMSUB 0: its
 --       connection closed, so its process died); value is the caller's token, and a third
 --       element the former holder's
---    0  held by another holder on this master; value is the holder's token
+--    0  held by another holder on this master, or in a form this script does not
+--       recognise (no replication ID after an '@': redis-py's Lock, which builds before
+--       this form used, holds the lock with a bare token); value is the holder's token
 --   -7  ARGV[1], ARGV[2] or ARGV[3] is malformed; nothing written
 --
 -- Safe to repeat after a lost reply: a repeat finds the caller's nonce (code 2).
@@ -65,7 +68,10 @@ if held_nonce == nonce then
   redis.call('SET', KEYS[1], mine, 'PX', ttl)
   return {2, mine}
 end
-if held_replid ~= replid then
+-- a former master's lock names a replication ID (40 hex digits) that is not this
+-- master's; a value naming none (redis-py's Lock, as builds before the nonce@replid form
+-- held the locks with, or anything else unrecognised) is another holder's, waited out
+if held_replid ~= replid and #held_replid == 40 and not string.find(held_replid, '[^0-9a-f]') then
   redis.call('SET', KEYS[1], mine, 'PX', ttl)
   return {3, mine, held}
 end
