@@ -13,6 +13,10 @@ listener closed (the host is gone: new connections are refused), as when a datab
 dies after committing and before answering. The client cannot tell whether the commit
 happened. :meth:`close` takes the host away (listener and every connection);
 :meth:`open` brings it back on the same port. ``accepted`` counts client connections.
+
+``MysqlProxy(port, packets=False)`` relays any TCP protocol as bytes (no ``COMMIT`` fault):
+a ZooKeeper host that goes away and comes back, its server running on meanwhile
+(tests/snowflake/registry/test_recycle.py).
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ HOST = "127.0.0.1"
 
 
 class MysqlProxy:
-    def __init__(self, target_port: int, target_host: str = HOST) -> None:
+    def __init__(self, target_port: int, target_host: str = HOST, packets: bool = True) -> None:
         self.target = (target_host, target_port)
+        self.packets = packets  # read the client's side as MySQL packets (the COMMIT fault)
         self.port = 0
         self.accepted = 0
         self.commits_lost = 0
@@ -125,6 +130,12 @@ class _Link:
                 data = b""
             if not data:
                 break
+            if not self.proxy.packets:
+                try:
+                    self.server.sendall(data)
+                except OSError:
+                    break
+                continue
             buf += data
             while len(buf) >= 4:
                 size = int.from_bytes(buf[:3], "little")
