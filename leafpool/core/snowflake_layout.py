@@ -114,6 +114,9 @@ def decode(snowflake_id: int | str, epoch_ms: int = LEAF_EPOCH_MS) -> Decoded:
         text = value.strip()
         if not text.isascii() or not text.isdigit():
             raise InvalidArgument("id", snowflake_id, "a decimal integer from 0 to 2**63 - 1")
+        text = text.lstrip("0") or "0"  # int() refuses over 4,300 digits, zeros included
+        if len(text) > len(str(MAX_ID)):
+            raise InvalidArgument("id", snowflake_id, "an integer from 0 to 2**63 - 1")
         value = int(text)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
         raise InvalidArgument("id", snowflake_id, "an integer from 0 to 2**63 - 1")

@@ -50,7 +50,8 @@ async def decode_json(request: Request) -> Response:
         d = snowflake_layout.decode(raw, svc.settings.snowflake_epoch)
     except (HttpError, InvalidInput) as exc:
         return json_error(http_error(exc, svc.retry_after))
-    return JSONResponse({"id": str(int(raw)), "timestamp_ms": d.timestamp_ms, "iso": d.iso,
+    canonical = raw.strip().lstrip("0") or "0"  # str(int(raw)); int() refuses 4,300 digits
+    return JSONResponse({"id": canonical, "timestamp_ms": d.timestamp_ms, "iso": d.iso,
                          "worker_id": d.worker_id, "sequence": d.sequence,
                          "epoch_ms": svc.settings.snowflake_epoch})
 
