@@ -14,7 +14,7 @@ from starlette.middleware import Middleware
 
 from leafpool.core.config import Settings, get_settings
 from leafpool.core.errors import BackendUnavailable
-from leafpool.http import decode, ids, ops, pages, probes
+from leafpool.http import decode, ids, openapi, ops, pages, probes
 from leafpool.http.fast import FastIds
 from leafpool.http.service import Service
 
@@ -42,7 +42,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
     endpoints = ids.IdEndpoints(service)
     routes = [*ids.routes(endpoints), *decode.routes(), *ops.routes(), *probes.routes(),
-              *pages.routes()]
+              *pages.routes(), *openapi.routes()]
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(FastIds, endpoints=endpoints)])
     app.state.service = service
