@@ -28,8 +28,8 @@ from leafpool.http.openapi_schemas import Schema, count_schema, ref, schemas, sn
 from leafpool.http.service import MODES, service
 
 NO_STORE_HEADER: Schema = {"description": "no-store: a cached ID is a duplicate ID",
-                           "schema": {"const": "no-store"}}
-RETRY_AFTER: Schema = {"description": "seconds to wait before retrying",
+                           "required": True, "schema": {"const": "no-store"}}
+RETRY_AFTER: Schema = {"description": "seconds to wait before retrying", "required": True,
                        "schema": {"type": "string", "pattern": "^[0-9]+$"}}
 TEXT = "text/plain"
 HTML = "text/html"
@@ -113,9 +113,10 @@ def _count_param(max_count: int, what: str) -> Schema:
 
 
 def _head() -> Schema:
-    return {"summary": "refused: a HEAD must not consume an ID", "responses": {"405": _response(
-        "use GET", _body(TEXT, {"const": "use GET\n"}), Allow={"schema": {"const": "GET, POST"}},
-        **{"Cache-Control": NO_STORE_HEADER})}}
+    allow = {"required": True, "schema": {"const": "GET, POST"}}
+    refused = _response("use GET", _body(TEXT, {"const": "use GET\n"}), Allow=allow,
+                        **{"Cache-Control": NO_STORE_HEADER})
+    return {"summary": "refused: a HEAD must not consume an ID", "responses": {"405": refused}}
 
 
 def _methods(operation: Schema, op_id: str, *, post: bool = True, head: bool = False,

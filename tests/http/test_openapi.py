@@ -6,6 +6,7 @@ answers are checked against it by schemathesis: tests/http/test_openapi_fuzz.py.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from leafpool.http.openapi import DOCS_MAX_COUNT, docs_copy
 from tests.support.http_helpers import LEAF_ID, fill
 
 DOCS_COPY = Path(__file__).parents[2] / "docs" / "reference" / "openapi.json"
+DOCS_PAGE = DOCS_COPY.with_name("http-api.md")
 REGENERATE = ('.venv/bin/python -c "from leafpool.http.openapi import docs_copy; '
               "print(docs_copy(), end='')\" > docs/reference/openapi.json")
 METHODS = ("get", "post", "head", "put", "delete", "patch", "options", "trace")
@@ -113,6 +115,21 @@ def test_the_documentation_s_copy_is_the_description() -> None:
     assert DOCS_MAX_COUNT == 1_000
     assert DOCS_COPY.read_text() == docs_copy(), f"regenerate it: {REGENERATE}"
     assert json.loads(DOCS_COPY.read_text())["info"]["version"] == leafpool.__version__
+
+
+def test_the_reference_page_names_every_path_and_error_kind() -> None:
+    """docs/reference/http-api.md: each described path (``{mode}`` for either mode) and
+    each error kind of the description's schemas."""
+    page = DOCS_PAGE.read_text()
+    document = json.loads(docs_copy())
+    for path in document["paths"]:
+        generic = re.sub(r"^/api/(segment|snowflake)/(get|ids)", r"/api/{mode}/\2", path)
+        assert re.search(f"[` ]{re.escape(generic)}`", page), path  # `PATH` or `GET PATH`
+    for schema in document["components"]["schemas"].values():
+        kind = schema.get("properties", {}).get("error", {})
+        for name in [kind.get("const"), *kind.get("enum", [])]:
+            assert name is None or f"`{name}`" in page, name
+    assert "[The description as of this release](openapi.json)" in page
 
 
 def test_the_described_bodies_are_the_answers(make_client: Callable[..., TestClient],
