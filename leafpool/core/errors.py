@@ -144,8 +144,8 @@ class CounterBehind(LeafpoolError):
     """A tag's ``leaf_alloc.max_id`` is below the first ID it may hand out (the tag's
     high-water mark, a retired tag's mark, the tag's guard, or 1): allocating from it would
     repeat IDs. Nothing was allocated. Raised with ``LEAFPOOL_COUNTER_BEHIND=refuse`` (an
-    operator moves the counter up); the default heals it instead, and raises this only
-    when other writers kept changing the row under the heal (docs/design.md §7.3)."""
+    operator moves the counter up); the default heals it instead (docs/design.md
+    §7.3)."""
 
     def __init__(self, tag: str, max_id: int, floor: int, why: str) -> None:
         self.tag = tag

@@ -1,11 +1,11 @@
-"""The steps of one allocation from ``leaf_alloc`` inside its transaction: the first ID
-the tag may still hand out (its floor), the heal of a counter found below it (a
-compare-and-set UPDATE), and Leaf's advance by the step (docs/design.md §3.4, §7.3).
+"""The steps of one allocation from ``leaf_alloc`` inside its transaction: the row read
+with its lock held to the end of the transaction (:func:`lock_row`), the first ID the
+tag may still hand out (its floor, :func:`lowest`), and the one write: Leaf's advance by
+the step, from the floor when the row is below it (the heal) (docs/design.md §3.4, §7.3).
 
-:class:`~leafpool.segment.store.SegmentStore` runs them; a step that finds the row
-changed under it raises :class:`Again`, the store rolls the transaction back and decides
-again from a new read (a new transaction: InnoDB's REPEATABLE READ would show the same
-snapshot to a read inside the old one).
+No other writer of the row (a refiller, a Leaf server, an operator, a tag removal) can
+change it between the read and the write, so what was decided on the read stands.
+:class:`~leafpool.segment.store.SegmentStore` runs them.
 """
 
 from __future__ import annotations
@@ -19,14 +19,6 @@ from leafpool.core.errors import SegmentExhausted, UnknownTag
 from leafpool.database.engine import leaf_alloc
 
 FIRST_ID = 1  # IDs start at 1: a Leaf client reads 0 (and below) as a failure result
-
-
-class Again(Exception):  # a signal to the store's loop, never raised out of it
-    """Roll this transaction back and decide again; ``guard``: read the guard first."""
-
-    def __init__(self, why: str, guard: bool = False) -> None:
-        super().__init__(why)
-        self.guard = guard
 
 
 @dataclass(frozen=True)
@@ -63,40 +55,33 @@ class Row:
     step: int
 
 
-def read_row(conn: Connection, tag: str) -> Row:
+def lock_row(conn: Connection, tag: str) -> Row:
+    """The tag's row, locked until the transaction ends: ``SELECT ... FOR UPDATE`` on
+    MySQL/MariaDB (every other writer of the row waits for it). SQLite has no row locks
+    and its driver begins a transaction only at the first write, so there a write that
+    changes nothing comes first: it begins the transaction and takes the database's
+    write lock (another writer waits, ``busy_timeout``), and the read after it sees the
+    last commit."""
+    if conn.dialect.name == "sqlite":
+        conn.execute(leaf_alloc.update().where(leaf_alloc.c.biz_tag == tag)
+                     .values(max_id=leaf_alloc.c.max_id))
     row = conn.execute(
         select(leaf_alloc.c.max_id, leaf_alloc.c.step).where(leaf_alloc.c.biz_tag == tag)
+        .with_for_update()
     ).first()
     if row is None:
         raise UnknownTag(tag)
     return Row(int(row.max_id), int(row.step))
 
 
-def move_up(conn: Connection, tag: str, read: int, to: int) -> bool:
-    """The heal: ``max_id`` from the value ``read`` to ``to``, only while it still holds
-    ``read`` (a value another writer put there since, higher or lower, is never
-    overwritten: the caller decides again from it). True when it moved."""
-    result = conn.execute(
-        leaf_alloc.update()
-        .where(leaf_alloc.c.biz_tag == tag, leaf_alloc.c.max_id == read)
-        .values(max_id=to, update_time=func.current_timestamp()))
-    return bool(result.rowcount)
-
-
-def advance(conn: Connection, tag: str, read: int, step: int, lowest: int) -> int:
-    """Leaf's allocation: ``max_id`` advanced by ``step`` and read back; the new
-    ``max_id``. The row moved below ``lowest`` (or away) since it was ``read``:
-    :class:`Again` (the caller's transaction rolls the advance back)."""
-    result = conn.execute(
-        leaf_alloc.update()
-        .where(leaf_alloc.c.biz_tag == tag, leaf_alloc.c.max_id <= MAX_ID - step)
-        .values(max_id=leaf_alloc.c.max_id + step, update_time=func.current_timestamp()))
-    if result.rowcount == 0:
-        if read <= MAX_ID - step:  # it fitted when read: changed or deleted since
-            raise Again("the row changed since it was read")
-        raise SegmentExhausted(tag, read, step)
-    max_id = int(conn.execute(
-        select(leaf_alloc.c.max_id).where(leaf_alloc.c.biz_tag == tag)).scalar_one())
-    if max_id - step < lowest:
-        raise Again(f"the row was moved to {max_id - step} since it was read")
-    return max_id
+def advance(conn: Connection, tag: str, start: int, step: int) -> int:
+    """The allocation's write on the row :func:`lock_row` locked: ``max_id`` set to
+    ``start + step`` (``start``: the row's ``max_id``, or the floor it is healed up to);
+    the new ``max_id``. One that would pass 2**63 - 1 raises :class:`SegmentExhausted`
+    and writes nothing."""
+    if start > MAX_ID - step:
+        raise SegmentExhausted(tag, start, step)
+    conn.execute(
+        leaf_alloc.update().where(leaf_alloc.c.biz_tag == tag)
+        .values(max_id=start + step, update_time=func.current_timestamp()))
+    return start + step

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from leafpool.core.errors import BackendUnavailable, GuardFailed, InvalidArgument
-from leafpool.database.engine import transaction
 from leafpool.database.guard import Guard, read_guard, stored_max
 from leafpool.segment.counter import Stored
 
@@ -26,15 +25,16 @@ def _reason(exc: Exception) -> str:
     return str(exc.orig if isinstance(exc, DBAPIError) else exc)
 
 
-def reading(engine: Engine, tag: str) -> Stored | None:
-    """What the tag's guard reads now (None: the tag has no guard). A guard that cannot
-    be read refuses (:class:`GuardFailed`): it is never skipped."""
-    with transaction(engine, f"{tag}: read the guard") as conn:
-        guard = read_guard(conn, tag)
+def reading(conn: Connection, tag: str) -> Stored | None:
+    """What the tag's guard reads now (None: the tag has no guard), on ``conn``: the
+    guard and its column in one transaction (an allocation's, which holds the row's
+    lock). A guard that cannot be read refuses (:class:`GuardFailed`): it is never
+    skipped."""
+    guard = read_guard(conn, tag)
     if guard is None:
         return None
     try:
-        return Stored(str(guard), _stored_max(engine, guard))
+        return Stored(str(guard), stored_max(conn, guard))
     except (SQLAlchemyError, ValueError) as exc:
         if isinstance(exc, DBAPIError) and exc.connection_invalidated:
             raise BackendUnavailable(f"database: {tag}: read the guard {guard} failed: "

@@ -1,9 +1,9 @@
 """The segment store: Leaf's ``leaf_alloc`` table in MySQL/MariaDB (or SQLite, the
 embedded default), reached through SQLAlchemy.
 
-The one write on the hot path is Leaf's allocation: advance ``max_id`` by the step and
-read it back in one transaction; the range handed out is ``[max_id - step, max_id)``
-(docs/design.md §2, G3). The table is Leaf's DDL unchanged, so a database a Leaf server already
+The one write on the hot path is Leaf's allocation: advance ``max_id`` by the step in
+one transaction that holds the row's lock from its read; the range handed out is
+``[max_id - step, max_id)`` (docs/design.md §2, G3). The table is Leaf's DDL unchanged, so a database a Leaf server already
 uses (rows inserted by hand included) works as it is.
 """
 
@@ -51,9 +51,6 @@ log = logging.getLogger(__name__)
 
 #: leafpool's tables a tag add or removal reads and writes
 TABLES = (*OWN_TABLES, tag_guard)
-#: decisions of one allocation at most (a heal whose compare-and-set lost, a row moved
-#: under the advance: each a new read), then CounterBehind
-MAX_DECISIONS = 8
 
 
 class SegmentStore:
@@ -284,52 +281,36 @@ class SegmentStore:
         first ID the caller may still hand out (the pool's mark; 0: the pool has none, so
         the tag's guard is read). The range starts at or above the floor, a removed tag's
         mark, one above the guard's reading, and 1. A ``max_id`` below that is moved up
-        to it by a compare-and-set with ``heal`` (``healed_from`` on the segment),
-        otherwise :class:`CounterBehind` is raised and nothing is written
+        to it with ``heal`` (``healed_from`` on the segment), otherwise
+        :class:`CounterBehind` is raised and nothing is written. The row is read with
+        its lock held until the commit, so no other writer changes it in between
         (docs/design.md §7.3). An advance that would pass 2**63 - 1 raises
         :class:`SegmentExhausted` and writes nothing.
         """
         self._ensure_own_tables(retired_tag, what=f"{tag}: allocate")
         started = self._monotonic()
-        guarded = floor <= 0  # the pool has no mark (a new or wiped Redis): read the guard
-        stored = self._guard_reading(tag) if guarded else None
-        for _ in range(MAX_DECISIONS):
-            again: counter.Again | None = None
-            try:
-                with self._tx(f"{tag}: allocate") as conn:
-                    row = counter.read_row(conn, tag)
-                    low = counter.lowest(floor, self._retired(conn, tag), stored)
-                    behind = row.max_id < low.value
-                    if behind and not guarded:
-                        raise counter.Again("read the guard before a heal", guard=True)
-                    if behind:
-                        if not heal:
-                            raise CounterBehind(tag, row.max_id, low.value, low.why)
-                        if not counter.move_up(conn, tag, row.max_id, low.value):
-                            raise counter.Again(f"max_id moved from {row.max_id}")
-                    step = self._step(tag, rule, row.step)
-                    max_id = counter.advance(conn, tag, max(row.max_id, low.value), step,
-                                             low.value)
-            except counter.Again as exc:
-                again = exc
-            if again is not None:  # outside the handler: no error raised now chains to it
-                if again.guard:
-                    stored, guarded = self._guard_reading(tag), True
-                else:
-                    log.info("%s: allocation decided again: %s", tag, again)
-                continue
-            took = (self._monotonic() - started) * 1000
-            if behind:
-                log.warning("%s: leaf_alloc.max_id=%d was below %d, the first ID this tag "
-                            "may still hand out (%s): healed, moved up to %d", tag,
-                            row.max_id, low.value, low.why, low.value)
-            log.debug("%s: allocated [%d, %d) step=%d in %.1f ms", tag, max_id - step,
-                      max_id, step, took)
-            return Segment(tag, max_id - step, max_id, step, row.step, took,
-                           row.max_id if behind else None)
-        raise CounterBehind(tag, row.max_id, low.value,
-                            f"{low.why}; the row changed under {MAX_DECISIONS} tries to "
-                            "heal it in a row")
+        with self._tx(f"{tag}: allocate") as conn:
+            row = counter.lock_row(conn, tag)
+            retired = self._retired(conn, tag)
+            # the pool has no mark (a new or wiped Redis): the guard is read
+            stored = self._guard_reading(conn, tag) if floor <= 0 else None
+            low = counter.lowest(floor, retired, stored)
+            if row.max_id < low.value and floor > 0:  # and before a heal
+                low = counter.lowest(floor, retired, self._guard_reading(conn, tag))
+            behind = row.max_id < low.value
+            if behind and not heal:
+                raise CounterBehind(tag, row.max_id, low.value, low.why)
+            step = self._step(tag, rule, row.step)
+            max_id = counter.advance(conn, tag, max(row.max_id, low.value), step)
+        took = (self._monotonic() - started) * 1000
+        if behind:
+            log.warning("%s: leaf_alloc.max_id=%d was below %d, the first ID this tag "
+                        "may still hand out (%s): healed, moved up to %d", tag,
+                        row.max_id, low.value, low.why, low.value)
+        log.debug("%s: allocated [%d, %d) step=%d in %.1f ms", tag, max_id - step,
+                  max_id, step, took)
+        return Segment(tag, max_id - step, max_id, step, row.step, took,
+                       row.max_id if behind else None)
 
     @staticmethod
     def _step(tag: str, rule: StepRule | None, table_step: int) -> int:
@@ -340,14 +321,14 @@ class SegmentStore:
 
     # -- guards (docs/design.md §7.3) ---------------------------------------------------
 
-    def _guard_reading(self, tag: str) -> counter.Stored | None:
+    def _guard_reading(self, conn: Connection, tag: str) -> counter.Stored | None:
         if tag_guard.name not in self._seen and schema.absent(self.engine, tag_guard):
             # a database from before guards, where `leafpool db init` has not run again:
             # nobody can have set a guard, so there is none to read (an upgrade needs no
             # step); a table this user may not read is refused below
             return None
         self._ensure_own_tables(tag_guard, what=f"{tag}: read the guard")
-        return guards.reading(self.engine, tag)
+        return guards.reading(conn, tag)
 
     def set_guard(self, tag: str, guard: str | None) -> int | None:
         """Set the segment tag's guard (``TABLE.COLUMN`` or ``SCHEMA.TABLE.COLUMN``,
@@ -366,7 +347,8 @@ class SegmentStore:
     def guard(self, tag: str) -> counter.Stored | None:
         """The tag's guard and what it reads now (None: no guard); :class:`GuardFailed`
         when it cannot be read."""
-        return self._guard_reading(tag)
+        with self._tx(f"{tag}: read the guard") as conn:
+            return self._guard_reading(conn, tag)
 
     # -- operator views -----------------------------------------------------------------
 
