@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Literal
 
 from sqlalchemy import Engine, Table, false, func, inspect, select, text
 from sqlalchemy.exc import DBAPIError
@@ -42,6 +43,10 @@ def create(engine: Engine) -> bool:
     return True
 
 
+#: what a read of a table finds (:func:`probe`)
+Found = Literal["readable", "absent", "not granted"]
+
+
 def require(engine: Engine, tables: Iterable[Table], seen: set[str], what: str) -> set[str]:
     """The names of ``tables`` found there and readable (those in ``seen`` are not asked
     again); a table missing, or hidden from this user for want of a grant, raises
@@ -49,7 +54,12 @@ def require(engine: Engine, tables: Iterable[Table], seen: set[str], what: str) 
     here: without ``leafpool_retired_tag`` an allocation cannot know the marks of removed
     tags (G1)."""
     wanted = [t for t in tables if t.name not in seen]
-    missing = [t.name for t in wanted if not readable(engine, t, what)]
+    missing = []
+    for table in wanted:
+        found = probe(engine, table, what)
+        if found != "readable":
+            log.error("%s: %s not readable: %s", what, table.name, found)
+            missing.append(table.name)
     if missing:
         raise ConfigurationError(
             DATABASE_URL_ENV, hide_password(engine.url.render_as_string(False)),
@@ -59,31 +69,18 @@ def require(engine: Engine, tables: Iterable[Table], seen: set[str], what: str) 
     return {t.name for t in wanted}
 
 
-def absent(engine: Engine, table: Table) -> bool:
-    """Whether ``table`` does not exist (a table hidden from this user for want of a grant
-    is not absent: MySQL says so with another code)."""
+def probe(engine: Engine, table: Table, what: str) -> Found:
+    """Whether ``table`` is there and this user may read it, by a read of no rows (the
+    inspector reports a table hidden by a missing grant as there): ``absent`` when it
+    does not exist, ``not granted`` when it is hidden from this user (MySQL says so with
+    another code); any other driver error is :class:`BackendUnavailable` naming ``what``."""
     try:
         with engine.connect() as conn:
             conn.execute(select(func.count()).select_from(table).where(false()))
     except DBAPIError as exc:
         if driver_code(exc) == MYSQL_NO_SUCH_TABLE or "no such table" in str(exc.orig):
-            return True
+            return "absent"
         if driver_code(exc) == MYSQL_TABLE_DENIED:
-            return False
-        raise BackendUnavailable(f"database: is {table.name} there: {exc.orig!r}") from exc
-    return False
-
-
-def readable(engine: Engine, table: Table, what: str) -> bool:
-    """Whether ``table`` exists and this user may read it: a read of no rows (the
-    inspector reports a table hidden by a missing grant as there)."""
-    try:
-        with engine.connect() as conn:
-            conn.execute(select(func.count()).select_from(table).where(false()))
-    except DBAPIError as exc:
-        if driver_code(exc) in (MYSQL_NO_SUCH_TABLE, MYSQL_TABLE_DENIED) or \
-                "no such table" in str(exc.orig):
-            log.error("%s: %s not readable: %s", what, table.name, exc.orig)
-            return False
+            return "not granted"
         raise BackendUnavailable(f"database: {what} failed: {exc.orig!r}") from exc
-    return True
+    return "readable"

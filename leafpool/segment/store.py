@@ -3,8 +3,8 @@ embedded default), reached through SQLAlchemy.
 
 The one write on the hot path is Leaf's allocation: advance ``max_id`` by the step in
 one transaction that holds the row's lock from its read; the range handed out is
-``[max_id - step, max_id)`` (docs/design.md §2, G3). The table is Leaf's DDL unchanged, so a database a Leaf server already
-uses (rows inserted by hand included) works as it is.
+``[max_id - step, max_id)`` (docs/design.md §2, G3). The table is Leaf's DDL unchanged,
+so a database a Leaf server already uses (rows inserted by hand included) works as it is.
 """
 
 from __future__ import annotations
@@ -322,7 +322,8 @@ class SegmentStore:
     # -- guards (docs/design.md §7.3) ---------------------------------------------------
 
     def _guard_reading(self, conn: Connection, tag: str) -> counter.Stored | None:
-        if tag_guard.name not in self._seen and schema.absent(self.engine, tag_guard):
+        if tag_guard.name not in self._seen and \
+                schema.probe(self.engine, tag_guard, f"{tag}: read the guard") == "absent":
             # a database from before guards, where `leafpool db init` has not run again:
             # nobody can have set a guard, so there is none to read (an upgrade needs no
             # step); a table this user may not read is refused below
