@@ -130,6 +130,33 @@ def app_before() -> Starlette:
     return app
 
 
+def bare_app() -> Callable[..., object]:
+    """The floor of the comparison (issue 30): a bare ASGI app answering every request
+    with a constant ID as ``text/plain``, the same headers as the lean path, nothing else
+    (no Redis, no routing, no metrics), served by the same server with the same flags."""
+    body = b"1234567890123"
+    headers = [(b"cache-control", b"no-store"), (b"content-length", str(len(body)).encode()),
+               (b"content-type", b"text/plain; charset=utf-8")]
+    start = {"type": "http.response.start", "status": 200, "headers": headers}
+    answer = {"type": "http.response.body", "body": body}
+
+    async def app(scope: dict[str, object], receive: Callable[..., object],
+                  send: Callable[..., object]) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()  # type: ignore[misc]
+                kind = message["type"]
+                if kind == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})  # type: ignore[misc]
+                elif kind == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})  # type: ignore[misc]
+                    return
+        await send(start)  # type: ignore[misc]
+        await send(answer)  # type: ignore[misc]
+
+    return app
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of a process and its descendants (granian serves from a child)."""
     total, todo = 0.0, [pid]
@@ -153,7 +180,8 @@ def start_app(config: Config, redis_url: str,
            "LEAFPOOL_HTTP_MAX_COUNT": "1000"}
     if not config.coalesce:
         env["LEAFPOOL_HTTP_COALESCE_MAX"] = "0"
-    factory = "leafpool.http:app_from_env" if config.lean else "bench.http_bench:app_before"
+    factory = ("bench.http_bench:bare_app" if config.bare
+               else "leafpool.http:app_from_env" if config.lean else "bench.http_bench:app_before")
     proc = subprocess.Popen(SERVERS[config.server](port, factory), env=env,
                             start_new_session=True, cwd=ROOT,
                             preexec_fn=die_with_parent())
@@ -241,6 +269,65 @@ def measure(name: str, url: str, ids_per_request: int, loadgen: str, duration: f
                cpu_seconds(redis_pid) - rcpu0)
 
 
+#: a profile's frames by where they come from (their file's path), for the summary
+PARTS = (("leafpool", "leafpool"), ("starlette", "starlette"), ("uvicorn", "uvicorn"),
+         ("redis-py", "redis"), ("prometheus_client", "prometheus_client"),
+         ("asyncio and the event loop (uvloop)", "asyncio"))
+
+
+def _part(frame: str) -> str:
+    """A frame (``func (path/to/file.py:line)``, py-spy's raw format) by its package."""
+    path = frame.rpartition(" (")[2]
+    for name, package in PARTS:
+        if path.startswith(f"{package}/") or f"/{package}/" in path:
+            return name
+    return "other"
+
+
+def profile(server_pid: int, url: str, duration: float, connections: int,
+            loadgen: str, redis_pid: int) -> Table | None:
+    """py-spy's samples of the server under the single-ID load: each part's share of the
+    server's time (self time: where the samples were), and leafpool's heaviest frames
+    (inclusive). None when py-spy cannot run here (not installed, not allowed to trace)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "profile.txt"
+        rec = subprocess.Popen(
+            [spy, "record", "-p", str(server_pid), "-d", str(max(1, math.ceil(duration))),
+             "-r", "250", "--format", "raw", "-o", str(out), "--nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        measure("profile", url, 1, loadgen, duration, connections, server_pid, redis_pid)
+        if rec.wait(timeout=duration + 60) != 0 or not out.exists():
+            return None
+        lines = out.read_text().splitlines()
+    own: dict[str, int] = {}
+    ours: dict[str, int] = {}
+    total = 0
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        frames = stack.split(";")
+        total += n
+        own[_part(frames[-1])] = own.get(_part(frames[-1]), 0) + n
+        for frame in set(frames):
+            if _part(frame) == "leafpool":
+                ours[frame] = ours.get(frame, 0) + n
+    if not total:
+        return None
+    t = Table(title=f"Where the server's time goes, single ID at {connections} connections "
+                    f"(py-spy, {total:,} samples; self time by part, then leafpool's "
+                    "heaviest frames, inclusive)")
+    t.add_column("part or frame")
+    t.add_column("share", justify="right")
+    for name, n in sorted(own.items(), key=lambda kv: -kv[1]):
+        t.add_row(name, f"{n / total:.1%}")
+    for frame, n in sorted(ours.items(), key=lambda kv: -kv[1])[:12]:
+        t.add_row(f"  {frame.split(' (')[0]} ({frame.rsplit('/', 1)[-1]}", f"{n / total:.1%}")
+    return t
+
+
 def _installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -268,9 +355,12 @@ class Config:
     server: str
     lean: bool = True
     coalesce: bool = True
+    bare: bool = False  # the bare ASGI app (bare_app), the floor
 
     @property
     def label(self) -> str:
+        if self.bare:
+            return f"{self.server} bare ASGI app"
         if not self.lean and not self.coalesce:
             return f"{self.server} before"
         return (f"{self.server} {'lean' if self.lean else 'router'}"
@@ -278,6 +368,7 @@ class Config:
 
 
 BASELINE = Config("uvicorn", lean=False, coalesce=False)  # the path before issue 10
+BARE = Config("uvicorn", bare=True)  # the floor: issue 30 compares the default with it
 
 
 def _config(case: Run) -> str:
@@ -293,22 +384,24 @@ def table(runs: list[Run], loadgen: str, fsync: str) -> Table:
                     "per core against uvicorn before at the same connections")
     for col in ("server, path", "case", "req/s", "IDs/s", "p50 ms", "p99 ms", "p999 ms",
                 "failed", "server CPU", "Redis CPU", "req/s per core", "vs before",
-                "vs Leaf per core"):
+                "vs bare ASGI", "vs Leaf per core"):
         t.add_column(col, justify="left" if col in ("server, path", "case") else "right")
     leaf_per_core = LEAF_QPS / LEAF_CORES
     before = {r.name.split(" | ")[1]: r for r in runs if _config(r) == BASELINE.label}
+    bare = {r.name.split(" | ")[1]: r for r in runs if _config(r) == BARE.label}
     for r in runs:
         config, case = r.name.split(" | ")
-        base = before.get(case)
+        base, floor = before.get(case), bare.get(case)
         ratio = f"{r.rps_per_core / base.rps_per_core:.2f}x" if base else "-"
+        vs_bare = f"{r.rps_per_core / floor.rps_per_core:.2f}x" if floor else "-"
         t.add_row(config, case, f"{r.rps:,.0f}", f"{r.ids_per_s:,.0f}", f"{r.p50_ms:.2f}",
                   f"{r.p99_ms:.2f}", f"{r.p999_ms:.2f}", f"{r.failed:,}",
                   f"{r.server_cpu_s / r.seconds:.0%}", f"{r.redis_cpu_s / r.seconds:.0%}",
-                  f"{r.rps_per_core:,.0f}", ratio,
+                  f"{r.rps_per_core:,.0f}", ratio, vs_bare,
                   f"{r.rps_per_core * r.ids_per_request / leaf_per_core:.2f}x")
     t.add_row("Leaf (published)", "segment, 4 cores", f"{LEAF_QPS:,}", f"{LEAF_QPS:,}", "-",
               "-", f"{LEAF_TP999_MS:.2f}", "-", f"{LEAF_CORES} cores", "-",
-              f"{leaf_per_core:,.0f}", "-", "1.00x")
+              f"{leaf_per_core:,.0f}", "-", "-", "1.00x")
     return t
 
 
@@ -325,6 +418,12 @@ def targets(runs: list[Run], default: Config, connections: int) -> Table:
         t.add_row(f"req/s per server core, {connections} connections",
                   f"{wide.rps_per_core:,.0f}", f">= {per_core:,.0f}",
                   met(wide.rps_per_core >= per_core))
+    floor = by.get(f"{BARE.label} | single ID, {connections} conns")
+    if wide and floor:
+        ratio = wide.rps_per_core / floor.rps_per_core
+        t.add_row(f"req/s per server core against the bare ASGI app, {connections} "
+                  "connections (issue 30)", f"{ratio:.2f}x", ">= 0.50x (aim 0.60x)",
+                  met(ratio >= 0.5))
     if narrow:
         t.add_row("p99 at 4 connections", f"{narrow.p99_ms:.2f} ms",
                   f"<= {LEAF_TP999_MS:g} ms", met(narrow.p99_ms <= LEAF_TP999_MS))
@@ -341,6 +440,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3,
                         help="interleaved rounds; the table shows each case's median")
     parser.add_argument("--loadgen", choices=["auto", "wrk", "python"], default="auto")
+    parser.add_argument("--no-profile", dest="profile", action="store_false",
+                        help="skip the py-spy profile of the default (run after the rounds)")
     parser.add_argument("--fsync", choices=["always", "everysec"], default="always",
                         help="Redis appendfsync (the shipped config: always)")
     installed = [n for n in SERVERS if _installed(n)]
@@ -363,11 +464,11 @@ def main(argv: list[str] | None = None) -> None:
                       "cores and limits the figures (apt-get install wrk)[/yellow]")
     default = Config(DEFAULT_SERVER)
     configs = [BASELINE, Config(BASELINE.server, coalesce=False),
-               *(Config(n) for n in [DEFAULT_SERVER, *names])]
+               *(Config(n) for n in [DEFAULT_SERVER, *names]), BARE]
     configs = [c for c in dict.fromkeys(configs) if c.server in names]
 
     # enough IDs that no case runs the pool dry (the table reports any failed request)
-    cases = len(configs) * 2 * args.rounds
+    cases = len(configs) * 2 * args.rounds + 1  # + the profile
     single_ids = int(60_000 * max(args.duration, 1.0) * cases)
     batch_ids = int(15_000 * args.batch * max(args.duration, 1.0) * 2 * args.rounds)
     rounds: dict[str, list[Run]] = {}
@@ -396,9 +497,19 @@ def main(argv: list[str] | None = None) -> None:
                     rounds.setdefault(name, []).append(measure(
                         name, f"{single}?count={args.batch}", args.batch, loadgen,
                         args.duration, args.connections, proc.pid, rpid))
+        spied = None
+        if args.profile and default in apps:
+            proc, base = apps[default]
+            spied = profile(proc.pid, f"{base}/api/segment/get/{TAG}", args.duration,
+                            args.connections, loadgen, rpid)
     runs = [median_run(rs) for rs in rounds.values()]
     console.print(table(runs, loadgen, args.fsync))
     console.print(targets(runs, default, args.connections))
+    if spied is not None:
+        console.print(spied)
+    elif args.profile:
+        console.print("[yellow]no profile: py-spy missing or not allowed to trace the "
+                      "server (it needs ptrace: root, or kernel.yama.ptrace_scope 0)[/yellow]")
     if any(r.failed for r in runs):
         console.print("[red]some requests failed (non-2xx or socket errors): see 'failed'[/red]")
 
