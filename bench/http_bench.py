@@ -126,7 +126,7 @@ def app_before() -> Starlette:
     from leafpool.http import app_from_env
 
     app = app_from_env()
-    app.user_middleware.clear()  # Starlette builds its stack at the first request
+    app.lean = None
     return app
 
 

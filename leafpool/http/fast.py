@@ -1,19 +1,23 @@
 """The lean path of the hot request: ``GET`` (or ``POST``) ``/api/{mode}/get/{tag}`` without
-a query string, answered in front of Starlette's routing (an ASGI middleware) with the
-same bytes the route answers: the bare ID as ``text/plain``, ``Cache-Control:
+a query string, answered in front of Starlette (the app's ``__call__`` asks
+:meth:`FastIds.match` first: no middleware stack, no router) with the same bytes the
+route answers: the bare ID as ``text/plain``, ``Cache-Control:
 no-store``, and for an error the very response the route builds
 (:meth:`IdEndpoints.error_response`). Everything else (a query string, a token policy,
 another path or method, a path the route would refuse) goes on to Starlette unchanged.
 
 Why: a single-ID request does one small pop; Starlette's router, its request object and
-its response class cost more than the pop itself (docs/design.md §1.1)."""
+its response class cost more than the pop itself, and its middleware stack (the error
+middleware wraps every ``send``) a tenth of the request again (docs/design.md §1.1). An
+exception other than leafpool's reaches the server, which answers 500 as Starlette's
+error middleware would."""
 
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from leafpool.core.errors import LeafpoolError
 from leafpool.http.disconnect import client_gone
@@ -29,14 +33,14 @@ _TEXT = b"text/plain; charset=utf-8"
 
 
 class FastIds:
-    """ASGI middleware: the single-ID text endpoints without the router."""
+    """The single-ID text endpoints without Starlette: :meth:`match` says whether a
+    request is one of them, :meth:`answer` answers it."""
 
-    def __init__(self, app: ASGIApp, endpoints: IdEndpoints) -> None:
-        self.app = app
+    def __init__(self, endpoints: IdEndpoints) -> None:
         self.endpoints = endpoints
         self.enabled = not endpoints.svc.auth.policy.enabled  # tokens: the full path
 
-    def _match(self, scope: Scope) -> tuple[str, str] | None:
+    def match(self, scope: Scope) -> tuple[str, str] | None:
         """(mode, tag) when the request is one this path answers."""
         if (
             scope["type"] != "http"
@@ -58,12 +62,9 @@ class FastIds:
             return None
         return mode, tag
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        matched = self._match(scope)
-        if matched is None:
-            await self.app(scope, receive, send)
-            return
-        mode, tag = matched
+    async def answer(self, mode: str, tag: str, scope: Scope, receive: Receive,
+                     send: Send) -> None:
+        """Answer the request :meth:`match` matched as ``(mode, tag)``."""
         started = time.perf_counter()
         endpoints = self.endpoints
         try:

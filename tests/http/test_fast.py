@@ -10,17 +10,16 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 import redis
-from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from leafpool.core.config import Settings
 from leafpool.http import create_app
-from leafpool.http.fast import FastIds
+from leafpool.http.app import ServiceApp
 from tests.support.http_helpers import LEAF_ID, fill
 
 
-def _router_only(app: Starlette) -> Starlette:
-    app.user_middleware.clear()  # the app as before the lean path
+def _router_only(app: ServiceApp) -> ServiceApp:
+    app.lean = None  # the app as before the lean path
     return app
 
 
@@ -76,15 +75,15 @@ def test_only_the_bare_single_id_request_takes_the_lean_path(
     make_settings: Callable[..., Settings],
 ) -> None:
     svc_app = create_app(make_settings())
-    endpoints = svc_app.user_middleware[0].kwargs["endpoints"]
-    fast = FastIds(svc_app, endpoints)
+    fast = svc_app.lean
+    assert fast is not None
 
     def scope(path: str, method: str = "GET", query: bytes = b"", **extra: object) -> dict:
         return {"type": "http", "path": path, "method": method, "query_string": query, **extra}
 
-    assert fast._match(scope("/api/segment/get/order")) == ("segment", "order")
-    assert fast._match(scope("/api/snowflake/get/sf", "POST")) == ("snowflake", "sf")
-    assert fast._match(scope("/api/segment/get/a b")) == ("segment", "a b")  # its 400
+    assert fast.match(scope("/api/segment/get/order")) == ("segment", "order")
+    assert fast.match(scope("/api/snowflake/get/sf", "POST")) == ("snowflake", "sf")
+    assert fast.match(scope("/api/segment/get/a b")) == ("segment", "a b")  # its 400
     for left in (
         scope("/api/segment/get/order", query=b"count=3"),  # ?count=: the route
         scope("/api/segment/get/order", "HEAD"),  # 405, takes nothing
@@ -98,16 +97,17 @@ def test_only_the_bare_single_id_request_takes_the_lean_path(
         scope("/api/segment/get/order", root_path="/ids"),
         {"type": "lifespan"},
     ):
-        assert fast._match(left) is None, left
+        assert fast.match(left) is None, left
 
 
 def test_with_tokens_every_request_takes_the_route(
     make_settings: Callable[..., Settings], r: redis.Redis
 ) -> None:
     app = create_app(make_settings(http_tokens="tok=order"))
-    fast = FastIds(app, app.user_middleware[0].kwargs["endpoints"])
+    fast = app.lean
+    assert fast is not None
     assert (
-        fast._match(
+        fast.match(
             {"type": "http", "path": "/api/segment/get/order", "method": "GET", "query_string": b""}
         )
         is None
