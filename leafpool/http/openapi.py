@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,8 +22,10 @@ from starlette.routing import Route
 
 from leafpool.client import MAX_BATCH
 from leafpool.core.config import Settings
+from leafpool.core.version import __version__
 from leafpool.http.auth import TOKEN_HEADER
 from leafpool.http.openapi_schemas import Schema, count_schema, ref, schemas, snowflake_id_schema
+from leafpool.http.ops import VERSION_HEADER
 from leafpool.http.service import MODES, service
 
 NO_STORE_HEADER: Schema = {"description": "no-store: a cached ID is a duplicate ID",
@@ -37,13 +38,6 @@ JSON = "application/json"
 NOT_FOUND = "Not Found: no route for the path (a tag holding '/', or '.' and '..', which " \
             "clients resolve away)"
 SECURITY: list[Schema] = [{"token": []}, {"tokenHeader": []}]
-
-
-def package_version() -> str:
-    """``leafpool.__version__``. The package is imported before any module of it, and
-    a room does not import the package's root (tests/test_architecture.py): read from
-    the imported package."""
-    return str(sys.modules["leafpool"].__version__)
 
 
 def _body(media: str, schema: Schema) -> Schema:
@@ -212,11 +206,14 @@ def operator_paths(tokens: bool) -> Iterator[tuple[str, Schema]]:
                                 "responses": {"200": _text("every family; leafpool_up 0 when "
                                                            "Redis does not answer")}},
                                "metrics", post=False)
+    version = {VERSION_HEADER: {"description": "the release serving (leafpool --version)",
+                                "schema": {"type": "string"}, "required": True}}
     yield "/health", _methods({**plain, "summary": "readiness, with the database",
                                "description": "Redis answers PING and, if a segment tag "
                                               "exists, the database answers SELECT 1.",
-                               "responses": {"200": _text("ready"),
-                                             "503": _text("not ready: <what failed>")}},
+                               "responses": {"200": _text("ready", **version),
+                                             "503": _text("not ready: <what failed>",
+                                                          **version)}},
                               "health", post=False)
     yield "/healthz", _methods({**plain, "summary": "liveness: no backend is asked",
                                 "responses": {"200": _text("alive")}}, "healthz", post=False)
@@ -296,7 +293,7 @@ def describe(max_count: int, tokens: bool, version: str) -> str:
 
 async def openapi_json(request: Request) -> Response:
     svc = service(request)
-    text = describe(svc.max_count, svc.auth.policy.enabled, package_version())
+    text = describe(svc.max_count, svc.auth.policy.enabled, __version__)
     return Response(text, media_type=JSON)
 
 
@@ -310,4 +307,4 @@ DOCS_MAX_COUNT = min(int(Settings.model_fields["http_max_count"].default), MAX_B
 
 def docs_copy() -> str:
     """docs/reference/openapi.json's text."""
-    return describe(DOCS_MAX_COUNT, True, package_version())
+    return describe(DOCS_MAX_COUNT, True, __version__)

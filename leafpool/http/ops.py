@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from leafpool import metrics
 from leafpool.core.errors import LeafpoolError
+from leafpool.core.version import __version__
 from leafpool.http.errors import NO_STORE, HttpError, http_error, json_error, may_log
 from leafpool.http.service import SEGMENT, SNOWFLAKE, Service, service
 from leafpool.status import TagStatus
@@ -61,6 +62,9 @@ async def metrics_endpoint(request: Request) -> Response:
 
 # -- /health -------------------------------------------------------------------------------
 
+#: the release serving, on every /health answer (docs/reference/compatibility.md)
+VERSION_HEADER = "Leafpool-Version"
+
 async def _redis_check(svc: Service) -> bool:
     """PING, then whether any segment tag exists (so the database must answer too)."""
     await svc.pool.ping()
@@ -89,8 +93,8 @@ async def health(request: Request) -> Response:
         if may_log("health"):
             log.warning("not ready: %s", "; ".join(problems))
         return PlainTextResponse("not ready: " + "; ".join(problems) + "\n", 503,
-                                 headers=NO_STORE)
-    return PlainTextResponse("ready\n", headers=NO_STORE)
+                                 headers={**NO_STORE, VERSION_HEADER: __version__})
+    return PlainTextResponse("ready\n", headers={**NO_STORE, VERSION_HEADER: __version__})
 
 
 def routes() -> Iterator[Route]:

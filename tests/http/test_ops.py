@@ -15,7 +15,9 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
+import leafpool
 from leafpool.core.config import Settings
+from leafpool.core.version import __version__
 from leafpool.http import create_app
 from leafpool.http.ops import HEALTH_TIMEOUT_SECONDS
 from leafpool.segment.store import SegmentStore
@@ -58,6 +60,7 @@ def test_health_is_ready_when_redis_and_the_database_answer(
         resp = c.get("/health")
     assert resp.status_code == 200
     assert resp.text == "ready\n"
+    assert resp.headers["Leafpool-Version"] == __version__ == leafpool.__version__
 
 
 def test_health_needs_the_database_only_when_a_segment_tag_exists(
@@ -71,6 +74,7 @@ def test_health_needs_the_database_only_when_a_segment_tag_exists(
         resp = c.get("/health")
     assert resp.status_code == 503
     assert resp.text.startswith("not ready: database:")
+    assert resp.headers["Leafpool-Version"] == __version__
 
 
 def test_health_is_503_when_redis_does_not_answer_in_time(
