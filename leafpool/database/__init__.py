@@ -5,8 +5,8 @@ Owns: :mod:`~leafpool.database.engine` (with :mod:`~leafpool.database.hosts`, a 
 several hosts), the schema and the roles' grants
 (:mod:`~leafpool.database.schema`, :mod:`~leafpool.database.grants`), a tag's guard and
 its query (:mod:`~leafpool.database.guard`), and the DDL files under ``sql/<dialect>/``
-(Leaf's ``leaf_alloc`` and NotFound9's ``leaf_workerid_alloc``, unchanged, and leafpool's
-``leafpool_tag_guard``; docker-compose mounts ``sql/mysql`` as MySQL's init scripts).
+(Leaf's ``leaf_alloc`` and NotFound9's ``leaf_workerid_alloc``, unchanged;
+docker-compose mounts ``sql/mysql`` as MySQL's init scripts).
 
 May import: :mod:`leafpool.core`. Its own room (not the segment's) because the snowflake
 ``mysql`` worker-ID registry uses it too.

@@ -6,8 +6,8 @@ the application stored.
 A guard is a table and a column (``TABLE.COLUMN`` or ``SCHEMA.TABLE.COLUMN``), never SQL
 text: each name is checked against :data:`IDENTIFIER` and quoted by SQLAlchemy when the
 query is built, so nothing can be injected, and the worker's database user needs only
-SELECT on that one table. Kept in leafpool's own ``leafpool_tag_guard``
-(``sql/<dialect>/leafpool_tag_guard.sql``, created by ``leafpool db init``).
+SELECT on that one table. Kept in leafpool's own ``leafpool_tag_guard`` (:data:`tag_guard`,
+its one definition: ``leafpool db init`` creates it from there).
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,63}")
 ALLOWED = ("TABLE.COLUMN or SCHEMA.TABLE.COLUMN, each name of letters, digits, _ and $ "
            "(not starting with a digit, at most 64 characters)")
 
-# described here for queries; created from sql/<dialect>/leafpool_tag_guard.sql
+# leafpool's own: a segment tag's guard, the application's column holding the IDs it
+# stored (`leafpool tag add TAG --guard TABLE.COLUMN`, `leafpool tag guard`); names, never
+# SQL text. Created by `leafpool db init` (leafpool.database.schema.create).
 tag_guard = Table(
     "leafpool_tag_guard",
     metadata,

@@ -1,8 +1,8 @@
 """The schema: ``leafpool db init`` creates it, everything else only checks it
 (docs/design.md §1.2). A refill, the tag sync or a worker-ID claim runs as a database user
 without CREATE, so nothing but :func:`create` runs DDL: Leaf's ``leaf_alloc`` (its DDL
-file, unchanged), leafpool's own tables (``leafpool_tag_guard`` from its DDL file, the
-others from their SQLAlchemy tables), and on MySQL NotFound9's ``leaf_workerid_alloc``.
+file, unchanged), leafpool's own tables (from their SQLAlchemy tables), and on MySQL
+NotFound9's ``leaf_workerid_alloc``.
 """
 
 from __future__ import annotations
@@ -29,10 +29,8 @@ def create(engine: Engine) -> bool:
     """Create what is missing; True when ``leaf_alloc`` was created."""
     dialect = engine.dialect.name
     with transaction(engine, "create leafpool's tables") as conn:
-        for table in OWN_TABLES:
+        for table in (*OWN_TABLES, tag_guard):
             table.create(conn, checkfirst=True)
-        if not inspect(conn).has_table(tag_guard.name):  # docs/design.md §7.3
-            conn.execute(text(ddl_statement(dialect, tag_guard.name)))
         if dialect == "mysql" and not inspect(conn).has_table("leaf_workerid_alloc"):
             conn.execute(text(ddl_statement("mysql", "leaf_workerid_alloc")))
     with transaction(engine, "schema check") as conn:
