@@ -5,7 +5,7 @@ ACL file; ``leafpool acl`` is the same command), docs/design.md §1.2."""
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -17,6 +17,13 @@ from leafpool.redis import acl
 
 db_app = typer.Typer(no_args_is_help=True, help="The segment store (leaf_alloc).")
 redis_app = typer.Typer(no_args_is_help=True, help="Redis: the roles' ACL.")
+
+# the options `db grants` and `redis acl` share: ROLES (default: all ``known``), --user-prefix
+UserPrefix = Annotated[str, typer.Option(help="user name = prefix + role")]
+
+
+def _roles(known: tuple[str, ...]) -> Any:
+    return typer.Argument(help=f"roles to print (default: all of {', '.join(known)})")
 
 
 @db_app.command("init")
@@ -32,9 +39,8 @@ def db_init() -> None:
 @db_app.command("grants")
 @reports_errors
 def db_grants(
-    roles: Annotated[list[str] | None, typer.Argument(
-        help=f"roles to print (default: all of {', '.join(grants.ROLES)})")] = None,
-    user_prefix: Annotated[str, typer.Option(help="user name = prefix + role")] = "leafpool-",
+    roles: Annotated[list[str] | None, _roles(grants.ROLES)] = None,
+    user_prefix: UserPrefix = "leafpool-",
     host: Annotated[str, typer.Option(help="the users' host part")] = "%",
 ) -> None:
     """Print the GRANT statements each role needs on the database of
@@ -56,9 +62,8 @@ def _password(role: str) -> str:
 @redis_app.command("acl")
 @reports_errors
 def redis_acl(
-    roles: Annotated[list[str] | None, typer.Argument(
-        help=f"roles to print (default: all of {', '.join(acl.ROLES)})")] = None,
-    user_prefix: Annotated[str, typer.Option(help="user name = prefix + role")] = "leafpool-",
+    roles: Annotated[list[str] | None, _roles(acl.ROLES)] = None,
+    user_prefix: UserPrefix = "leafpool-",
     disable_default: Annotated[bool, typer.Option(
         "--disable-default",
         help="also print a line disabling Redis's default user (an ACL file that does "
