@@ -61,9 +61,10 @@ class TagStatus:
     list_seconds: float | None = None
     reserve_seconds: float | None = None
     # the database (docs/design.md §3.8): allocations failing since (None: the last one
-    # succeeded); a last refill refused with CounterBehind (its fix SQL is in last_error)
+    # succeeded); a last refill refused with CounterBehind (its fix SQL is in last_error),
+    # read from last_refill_result (a factory, so __init__ puts it in its place in as_dict)
     db_unreachable_ms: int | None = None
-    counter_behind: bool = False
+    counter_behind: bool = field(init=False, default_factory=bool)
     # the list at 0 after pushes since (None: not dry), the last dry period, and how
     # often and how long it was dry in all (plain LPOPs of an empty list are not seen)
     dry_since_ms: int | None = None
@@ -84,6 +85,9 @@ class TagStatus:
     # the rate the last refill measured, and when (``rate`` is it brought up to now)
     measured_rate: float = 0.0
     rate_measured_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        self.counter_behind = self.last_refill_result == "failed: CounterBehind"
 
     @property
     def dry_seconds(self) -> float:
@@ -168,7 +172,6 @@ def tag_status(snap: Snapshot, now_ms: float | None = None) -> TagStatus:
         list_seconds=snap.length / peak if peak > 0 else None,
         reserve_seconds=reserve_size / peak if peak > 0 else None,
         db_unreachable_ms=_opt_int(state, "db_unreachable_ms"),
-        counter_behind=get("last_refill_result") == "failed: CounterBehind",
         dry_since_ms=_opt_int(state, "dry_since_ms"),
         last_dry_ms=_opt_int(state, "last_dry_ms"),
         dry_events=_int(state, "dry_events"),
