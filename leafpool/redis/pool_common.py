@@ -196,11 +196,13 @@ class Level:
         """IDs taken by clients so far (``pushed_total - LLEN``)."""
         return self.pushed_total - self.length
 
+    def below_low_water(self) -> bool:
+        """Below its low-water mark, or never refilled."""
+        return self.length < self.low_water or self.low_water < 0
+
     def due(self) -> bool:
         """Below its low-water mark, never refilled, or (segment) its reserve short."""
-        if self.length < self.low_water or self.low_water < 0:
-            return True
-        return self.reserve_due and self.mode == "segment"
+        return self.below_low_water() or (self.reserve_due and self.mode == "segment")
 
 
 def level_commands(k: TagKeys, with_lock: bool = False) -> list[tuple[str, ...]]:

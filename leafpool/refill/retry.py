@@ -50,13 +50,10 @@ def fast_backoff(attempt: int) -> float:
 
 def slow_backoff(attempt: int, cap: float, rand: Callable[[], float] = random.random) -> float:
     """Celery's ``retry_backoff=1`` with ``retry_jitter``: a random share of
-    ``min(cap, 2**attempt)`` seconds."""
+    ``min(cap, 2**attempt)`` seconds. Written out, not Celery's own: the library never
+    imports Celery, and the task picks this or :func:`fast_backoff` per failure, which
+    Celery's ``autoretry_for`` backoff cannot."""
     return float(rand()) * min(cap, 2.0 ** min(max(attempt, 0), 30))
-
-
-def below_low_water(level: Level) -> bool:
-    """The list is below its low-water mark, or was never filled."""
-    return level.known and (level.low_water < 0 or level.length < level.low_water)
 
 
 def next_retry(exc: LeafpoolError, level: Level | None, attempt: int, cap: float,
@@ -67,7 +64,7 @@ def next_retry(exc: LeafpoolError, level: Level | None, attempt: int, cap: float
     if isinstance(exc, SourceUnavailable):
         if not exc.requeued:
             return None
-        if level is not None and below_low_water(level):
+        if level is not None and level.known and level.below_low_water():
             return Retry(fast_backoff(attempt), True)
     return Retry(slow_backoff(attempt, cap, rand), False)
 
