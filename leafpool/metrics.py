@@ -24,14 +24,21 @@ Every per-tag metric has the labels ``tag`` and ``mode`` (``segment`` or ``snowf
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -155,30 +162,66 @@ HTTP_METRICS: tuple[str, ...] = ("leafpool_http_requests", "leafpool_http_reques
 METRIC_NAMES = POOL_METRICS + HTTP_METRICS
 
 
-@dataclass(frozen=True)
-class HttpMetrics:
-    """Request counter and latency histogram of the HTTP service's ID endpoints."""
+class HttpMetrics(Collector):
+    """Request counter and latency histogram of the HTTP service's ID endpoints.
 
-    requests: Counter
-    latency: Histogram
+    Counted in plain dicts by the event loop's thread, and exported at each scrape as the
+    families prometheus-client's ``Counter`` and ``Histogram`` would give
+    (``leafpool_http_requests_total`` by endpoint and code, with ``_created``;
+    ``leafpool_http_request_duration_seconds`` by endpoint). Their locks and label
+    lookups cost 4 us a request, a tenth of a single-ID request's CPU (issue 30); a dict
+    update and a bisect cost a tenth of that. A scrape, in whichever thread, reads copies."""
+
+    BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                  0.5, 1.0, 2.5, 5.0)
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._requests: dict[tuple[str, int], int] = {}
+        self._created: dict[tuple[str, int], float] = {}
+        self._buckets: dict[str, list[int]] = {}  # per bucket, not cumulative; +Inf last
+        self._sums: dict[str, float] = {}
+
+    def observe(self, endpoint: str, code: int, seconds: float) -> None:
+        """One request of ``endpoint`` answered with ``code`` in ``seconds``."""
+        key = (endpoint, code)
+        count = self._requests.get(key)
+        if count is None:
+            self._created[key] = self._clock()
+            count = 0
+        self._requests[key] = count + 1
+        buckets = self._buckets.get(endpoint)
+        if buckets is None:
+            self._sums[endpoint] = 0.0
+            buckets = self._buckets[endpoint] = [0] * (len(self.BUCKETS) + 1)
+        buckets[bisect.bisect_left(self.BUCKETS, seconds)] += 1
+        self._sums[endpoint] += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily("leafpool_http_requests",
+                                       "ID requests answered, by endpoint and status code",
+                                       labels=["endpoint", "code"])
+        created = dict(self._created)
+        for (endpoint, code), count in list(self._requests.items()):
+            requests.add_metric([endpoint, str(code)], count,
+                                created=created.get((endpoint, code)))
+        yield requests
+        latency = HistogramMetricFamily("leafpool_http_request_duration_seconds",
+                                        "Time to answer an ID request", labels=["endpoint"])
+        sums = dict(self._sums)
+        bounds = [floatToGoString(b) for b in (*self.BUCKETS, math.inf)]  # type: ignore[no-untyped-call]
+        for endpoint, buckets in list(self._buckets.items()):
+            cumulative = list(itertools.accumulate(list(buckets)))
+            latency.add_metric([endpoint], list(zip(bounds, cumulative, strict=True)),
+                               sums.get(endpoint, 0.0))
+        yield latency
 
 
 def http_metrics(registry: CollectorRegistry) -> HttpMetrics:
-    return HttpMetrics(
-        requests=Counter(
-            "leafpool_http_requests",
-            "ID requests answered, by endpoint and status code",
-            ["endpoint", "code"],
-            registry=registry,
-        ),
-        latency=Histogram(
-            "leafpool_http_request_duration_seconds",
-            "Time to answer an ID request",
-            ["endpoint"],
-            registry=registry,
-            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
-        ),
-    )
+    """The HTTP service's metrics, registered in ``registry``."""
+    metrics = HttpMetrics()
+    registry.register(metrics)
+    return metrics
 
 
 class PoolRegistry(CollectorRegistry):

@@ -302,7 +302,7 @@ def test_the_direct_writer_gives_what_prometheus_client_gives(
     plain = CollectorRegistry(auto_describe=False)
     plain.register(PoolCollector(pool))
     registry = make_registry(pool)
-    http_metrics(registry).requests.labels("segment", "200").inc()
+    http_metrics(registry).observe("segment", 200, 0.001)
     direct = render(registry).decode()
     assert "leafpool_http_requests_total" in direct  # the registered metrics follow
     expected = _families(generate_latest(plain).decode())
@@ -319,3 +319,44 @@ def test_the_registry_still_collects_the_pool_for_any_reader(pool: Pool) -> None
     assert (
         registry.get_sample_value("leafpool_pool_ids", {"tag": "order", "mode": "segment"}) == 0.0
     )
+
+
+def test_the_http_metrics_expose_what_prometheus_clients_counter_and_histogram_expose() -> None:
+    """The HTTP service counts in plain dicts (HttpMetrics) and exports at the scrape what
+    prometheus-client's Counter and Histogram export for the same requests: names, types,
+    help, labels, every bucket, count and sum; the counter's ``_created`` too (the
+    histogram's is left out)."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from leafpool.metrics import HttpMetrics, http_metrics
+
+    ref = CollectorRegistry()
+    count = Counter("leafpool_http_requests", "ID requests answered, by endpoint and status code",
+                    ["endpoint", "code"], registry=ref)
+    latency = Histogram("leafpool_http_request_duration_seconds", "Time to answer an ID request",
+                        ["endpoint"], registry=ref, buckets=HttpMetrics.BUCKETS)
+    ours = CollectorRegistry()
+    stats = http_metrics(ours)
+    for endpoint, code, seconds in [
+        ("/api/segment/get", 200, 0.0004), ("/api/segment/get", 200, 0.0005),  # on a bound
+        ("/api/segment/get", 200, 0.0031), ("/api/segment/get", 404, 0.02),
+        ("/api/snowflake/ids", 200, 7.5),  # past the last bound: +Inf only
+    ]:
+        count.labels(endpoint, str(code)).inc()
+        latency.labels(endpoint).observe(seconds)
+        stats.observe(endpoint, code, seconds)
+
+    def exposed(registry: CollectorRegistry) -> dict[str, tuple[str, str, set[object]]]:
+        out = {}
+        for f in text_string_to_metric_families(generate_latest(registry).decode()):
+            samples = {(s.name, tuple(sorted(s.labels.items())),
+                        "a time" if s.name.endswith("_created") else round(s.value, 9))
+                       for s in f.samples
+                       if not s.name.startswith("leafpool_http_request_duration_seconds_created")}
+            if samples:
+                out[f.name] = (f.type, f.documentation, samples)
+        return out
+
+    got, want = exposed(ours), exposed(ref)
+    assert got == want
+    assert got["leafpool_http_requests_created"][2]  # the text format: a family of its own

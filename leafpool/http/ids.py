@@ -35,6 +35,9 @@ _COUNT_RE = re.compile(r"[0-9]{1,9}")
 CLIENT_GONE = 499
 
 Handler = Callable[[Request], Awaitable[Response]]
+#: the metrics' endpoint label of each ID handler: (mode, JSON) -> /api/{mode}/get or /ids
+_ENDPOINTS = {(mode, as_json): f"/api/{mode}/{'ids' if as_json else 'get'}"
+              for mode in MODES for as_json in (False, True)}
 
 
 class ModeCache:
@@ -81,8 +84,6 @@ class IdEndpoints:
         self.svc = svc
         self.modes = ModeCache(lambda tag: svc.pool.mode(tag))
         self._valid: set[str] = set()  # tags validated once (the client keeps the same)
-        self._counters: dict[tuple[str, int], Callable[[], None]] = {}
-        self._latency: dict[str, Callable[[float], None]] = {}
 
     def check_tag(self, tag: str) -> None:
         """400 (InvalidTag) unless ``tag`` is a valid name; remembered once valid."""
@@ -122,17 +123,8 @@ class IdEndpoints:
         self.observe(mode, as_json, CLIENT_GONE, started)
 
     def observe(self, mode: str, as_json: bool, status: int, started: float) -> None:
-        """Count the request and its latency (the metrics' children, looked up once)."""
-        endpoint = f"/api/{mode}/{'ids' if as_json else 'get'}"
-        inc = self._counters.get((endpoint, status))
-        if inc is None:
-            inc = self._counters[(endpoint, status)] = self.svc.http.requests.labels(
-                endpoint, str(status)).inc
-        inc()
-        observe = self._latency.get(endpoint)
-        if observe is None:
-            observe = self._latency[endpoint] = self.svc.http.latency.labels(endpoint).observe
-        observe(time.perf_counter() - started)
+        """Count the request and its latency."""
+        self.svc.http.observe(_ENDPOINTS[mode, as_json], status, time.perf_counter() - started)
 
     def handler(self, mode: str, as_json: bool) -> Handler:
         async def handle(request: Request) -> Response:
