@@ -18,34 +18,33 @@ CPU time (``INFO cpu``, main thread) of one sweep: the full snapshot of every ta
 against the level sweep (now), the watcher's full pass (on a (re)connect) and the
 watcher's read of 100 tags touched (its steady state). Memory: 10,000 idle tags at the
 floor, segment and snowflake, floor 2,000 against 200 (``INFO memory``).
+
+Steps (``bench.step_bench``, issue 30): 100 -> 5,000 IDs/s, 100 -> 50,000 IDs/s and
+50,000 -> 100 IDs/s with the defaults, beside a model of Leaf's double buffer fed the
+allocation latencies measured (``bench.leaf_model``), and the targets: no empty pop at
+50x, under 1 s of them at 500x, never more than Leaf's. They run first; the before/now
+bursts above run in a full run only (``--quick`` leaves them out).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import redis
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import text
 
-from bench import servers
+from bench import servers, step_bench
 from leafpool.children import die_with_parent
 from leafpool.housekeeping.sweep import snapshot_sweep, sweep
 from leafpool.redis.pool import Pool
-from leafpool.segment.store import SegmentStore
 
-ROOT = Path(__file__).resolve().parent.parent
 BATCH = 50
 CLIENTS = 4
 BURST_RATE = 50_000
@@ -63,11 +62,15 @@ class BurstSizes:
     tags: int = 10_000  # sweep and memory
     trigger_s: float = 3.0  # popping one tag while listening for drops
     idle: bool = True  # also the bursts from an idle tag at its floor
+    before_now: bool = True  # the bursts above, before and now (the steps run always)
+    steps: step_bench.StepSizes = step_bench.FULL
 
 
 FULL = BurstSizes()
-QUICK = BurstSizes(warm_s=4.0, steady_s=3.0, burst_s=8.0, tags=10_000)
-SMOKE = BurstSizes(warm_s=0.5, steady_s=0.5, burst_s=1.0, tags=100, trigger_s=0.2, idle=False)
+QUICK = BurstSizes(warm_s=4.0, steady_s=3.0, burst_s=8.0, tags=10_000, before_now=False,
+                   steps=step_bench.QUICK)
+SMOKE = BurstSizes(warm_s=0.5, steady_s=0.5, burst_s=1.0, tags=100, trigger_s=0.2, idle=False,
+                   steps=step_bench.SMOKE)
 
 
 PATHS: tuple[tuple[str, dict[str, str]], ...] = (
@@ -170,97 +173,64 @@ def _burst_path(
     db_url: str,
     sizes: BurstSizes,
 ) -> BurstRow:
-    prefix, tag = f"burst{index}", f"burst{index}"
-    store = SegmentStore.from_url(db_url)
-    store.init_schema()
-    with store.engine.begin() as conn:  # this path's tag alone: the last one's workers
-        conn.execute(text("DELETE FROM leaf_alloc"))  # are gone, its row is not needed
-    store.add_tag(tag, step=1000)
-    home = Path(tempfile.mkdtemp(prefix="leafpool-burst-"))
-    base = url.rsplit("/", 1)[0]
-    path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
-    env.update(
-        {
-            "LEAFPOOL_REDIS_URL": url,
-            "LEAFPOOL_BROKER_URL": f"{base}/{index + 1}",
-            "LEAFPOOL_DATABASE_URL": db_url,
-            "LEAFPOOL_KEY_PREFIX": prefix,
-            "LEAFPOOL_HOME": str(home),
-            "PYTHONPATH": os.pathsep.join(path),
-            **extra,
-        }
-    )
-    r = redis.Redis.from_url(url)
-    pool = Pool(r, prefix)
-    k = pool.tag(tag)
-    try:  # the worker is stopped before its home goes
-        with servers.celery_worker(env, home, name.split()[0]):
-            servers.wait_until(
-                lambda: bool(r.hget(k.state, "refills")) and not r.exists(k.lock),
-                60,
-                f"{name}: first fill",
-            )
-            settle = int(r.llen(k.ids))
-            r.config_set("latency-monitor-threshold", STALL_MS)
-            r.execute_command("LATENCY", "RESET")
-            rewrites0 = int(r.info("persistence")["aof_rewrites"])
-            start = time.time() + 0.5
-            phases = [(sizes.warm_s + sizes.steady_s, steady), (sizes.burst_s, BURST_RATE)]
-            ctx = mp.get_context("spawn")
-            out = ctx.Queue()
-            clients = [
-                ctx.Process(target=_client, args=(url, prefix, tag, start, phases, out))
-                for _ in range(CLIENTS)
-            ]
-            for p in clients:
-                p.start()
-            burst_at = start + sizes.warm_s + sizes.steady_s
-            while time.time() < burst_at:
-                time.sleep(0.01)
-            hits0 = int(r.hget(k.state, "empty_hits") or 0)
-            consumed0 = int(r.hget(k.state, "pushed_total") or 0) - int(r.llen(k.ids))
-            want = 0.9 * min(int(env.get("LEAFPOOL_POOL_CEILING", "1000000")), BURST_RATE * 30)
-            resize_s: float | None = None
-            while time.time() < burst_at + sizes.burst_s:
-                if resize_s is None and int(r.hget(k.state, "target") or 0) >= want:
-                    resize_s = time.time() - burst_at
-                time.sleep(0.01)
-            consumed1 = int(r.hget(k.state, "pushed_total") or 0) - int(r.llen(k.ids))
-            total = ClientReport()
-            for _ in clients:
-                rep: ClientReport = out.get(timeout=120)
-                total.calls += rep.calls
-                total.ids += rep.ids
-                total.pool_empty += rep.pool_empty
-                total.errors += rep.errors
-                total.slow += rep.slow
-                total.slow_at += [at - burst_at for at in rep.slow_at]
-                total.latencies_ms += rep.latencies_ms
-                if rep.longest_ms > total.longest_ms:
-                    total.longest_ms, total.longest_at = rep.longest_ms, rep.longest_at - burst_at
-            for p in clients:
-                p.join(30)
-            state = r.hgetall(k.state)
-            stalls = _stalls(r)
-            aof_rewrites = int(r.info("persistence")["aof_rewrites"]) - rewrites0
-            return BurstRow(
-                name,
-                f"{steady:,}/s" if steady else f"idle (pool {settle:,})",
-                total,
-                int(state.get(b"empty_hits", 0)) - hits0,
-                resize_s,
-                int(state.get(b"target", 0)),
-                int(state.get(b"allocations", 0)),
-                int(state.get(b"step", 0)),
-                (consumed1 - consumed0) / sizes.burst_s,
-                stalls,
-                aof_rewrites,
-            )
-    finally:
-        r.close()
-        store.engine.dispose()
-        shutil.rmtree(home, ignore_errors=True)
+    with step_bench.tag_with_worker(name, extra, index, url, db_url) as (r, k, prefix, tag):
+        settle = int(r.llen(k.ids))
+        r.config_set("latency-monitor-threshold", STALL_MS)
+        r.execute_command("LATENCY", "RESET")
+        rewrites0 = int(r.info("persistence")["aof_rewrites"])
+        start = time.time() + 0.5
+        phases = [(sizes.warm_s + sizes.steady_s, steady), (sizes.burst_s, BURST_RATE)]
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        clients = [
+            ctx.Process(target=_client, args=(url, prefix, tag, start, phases, out))
+            for _ in range(CLIENTS)
+        ]
+        for p in clients:
+            p.start()
+        burst_at = start + sizes.warm_s + sizes.steady_s
+        while time.time() < burst_at:
+            time.sleep(0.01)
+        hits0 = int(r.hget(k.hits, "empty_hits") or 0)
+        consumed0 = int(r.hget(k.state, "pushed_total") or 0) - int(r.llen(k.ids))
+        want = 0.9 * min(int(extra.get("LEAFPOOL_POOL_CEILING", "1000000")), BURST_RATE * 30)
+        resize_s: float | None = None
+        while time.time() < burst_at + sizes.burst_s:
+            if resize_s is None and int(r.hget(k.state, "target") or 0) >= want:
+                resize_s = time.time() - burst_at
+            time.sleep(0.01)
+        consumed1 = int(r.hget(k.state, "pushed_total") or 0) - int(r.llen(k.ids))
+        total = ClientReport()
+        for _ in clients:
+            rep: ClientReport = out.get(timeout=120)
+            total.calls += rep.calls
+            total.ids += rep.ids
+            total.pool_empty += rep.pool_empty
+            total.errors += rep.errors
+            total.slow += rep.slow
+            total.slow_at += [at - burst_at for at in rep.slow_at]
+            total.latencies_ms += rep.latencies_ms
+            if rep.longest_ms > total.longest_ms:
+                total.longest_ms, total.longest_at = rep.longest_ms, rep.longest_at - burst_at
+        for p in clients:
+            p.join(30)
+        state = r.hgetall(k.state)
+        hits = int(r.hget(k.hits, "empty_hits") or 0)
+        stalls = _stalls(r)
+        aof_rewrites = int(r.info("persistence")["aof_rewrites"]) - rewrites0
+        return BurstRow(
+            name,
+            f"{steady:,}/s" if steady else f"idle (pool {settle:,})",
+            total,
+            hits - hits0,
+            resize_s,
+            int(state.get(b"target", 0)),
+            int(state.get(b"allocations", 0)),
+            int(state.get(b"step", 0)),
+            (consumed1 - consumed0) / sizes.burst_s,
+            stalls,
+            aof_rewrites,
+        )
 
 
 def _stalls(r: redis.Redis) -> str:
@@ -274,7 +244,7 @@ def _stalls(r: redis.Redis) -> str:
 def bursts(sizes: BurstSizes) -> list[BurstRow]:
     rows = []
     with servers.redis() as rs, servers.mariadb() as db:
-        index = 0
+        index = len(step_bench.SCENARIOS)  # the steps' tags and broker databases come first
         for steady in (STEADY_RATE, 0) if sizes.idle else (STEADY_RATE,):
             for name, extra in PATHS:
                 rows.append(
@@ -512,6 +482,16 @@ def _ms(values: list[float]) -> float:
 
 
 def main(console: Console, sizes: BurstSizes) -> None:
+    step_bench.main(console, sizes.steps)
+    if sizes.before_now:
+        before_now(console, sizes)
+    else:
+        console.print("bursts before/now (1,000 -> 50,000 IDs/s, issue 10's paths): in a full "
+                      "run only")
+    other_sections(console, sizes)
+
+
+def before_now(console: Console, sizes: BurstSizes) -> None:
     rows = bursts(sizes)
     table = Table(
         title=f"Bursts to {BURST_RATE:,} IDs/s on one tag ({CLIENTS} client "
@@ -566,6 +546,8 @@ def main(console: Console, sizes: BurstSizes) -> None:
             console.print(f"{row.name}, from {row.start}: pops over {SLOW_MS:g} ms began at "
                           f"{starts} s from the burst's start")
 
+
+def other_sections(console: Console, sizes: BurstSizes) -> None:
     trig = Table(
         title=f"Hearing the drops of one tag popped {BURST_RATE:,} times a second "
         f"(single LPOPs, {sizes.trigger_s:g} s)"
