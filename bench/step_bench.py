@@ -210,6 +210,8 @@ class Sample:
     last_alloc_ms: float
     step: int
     locked: bool
+    consumed: int  # pushed_total - length, read at once
+
 
 
 @dataclass
@@ -228,6 +230,8 @@ class StepRow:
     sized_s: float | None = None
     ready_s: float | None = None
     first_refill_s: float | None = None  # from the step until a refill held the lock
+    dry_s: float | None = None  # from the step until a sample found the list empty
+    waits_span: tuple[float, float] | None = None  # the first wait's start, the last's end
     served_per_s: float = 0.0
     allocations: int = 0  # during the step
     step_after: int = 0
@@ -256,13 +260,14 @@ def union_s(intervals: list[tuple[float, float]]) -> float:
 
 
 def _sample(r: redis.Redis, k: TagKeys, at: float) -> Sample:
-    pipe = r.pipeline(transaction=False)
+    pipe = r.pipeline(transaction=True)
     pipe.llen(k.ids)
-    pipe.hmget(k.state, ["target", "allocations", "last_alloc_ms", "step"])
+    pipe.hmget(k.state, ["target", "allocations", "last_alloc_ms", "step", "pushed_total"])
     pipe.exists(k.lock)
-    length, (target, allocations, alloc_ms, step), locked = pipe.execute()
+    length, (target, allocations, alloc_ms, step, pushed), locked = pipe.execute()
     return Sample(time.time() - at, int(length), int(target or 0), int(allocations or 0),
-                  float(alloc_ms or 0), int(step or 0), bool(locked))
+                  float(alloc_ms or 0), int(step or 0), bool(locked),
+                  int(pushed or 0) - int(length))
 
 
 def _reserve_ids(r: redis.Redis, k: TagKeys) -> int:
@@ -293,7 +298,7 @@ def run_scenario(name: str, old: int, new: int, index: int, url: str, db_url: st
         gate.set()
         samples: list[Sample] = [_sample(r, k, step_at)]
         row.alloc_ms.append(samples[0].last_alloc_ms)  # the first fill's last allocation
-        hits0 = consumed0 = 0
+        hits0 = 0
         at_step: Sample | None = None
         while time.time() < step_at + sizes.step_s:
             s = _sample(r, k, step_at)
@@ -302,10 +307,8 @@ def run_scenario(name: str, old: int, new: int, index: int, url: str, db_url: st
             if at_step is None and s.t >= 0:
                 at_step = samples[-1]
                 hits0 = int(r.hget(k.hits, "empty_hits") or 0)
-                consumed0 = int(r.hget(k.state, "pushed_total") or 0) - s.length
             samples.append(s)
             time.sleep(POLL_S)
-        consumed1 = int(r.hget(k.state, "pushed_total") or 0) - int(r.llen(k.ids))
         reports: list[StepClientReport] = [out.get(timeout=120) for _ in clients]
         for p in clients:
             p.join(30)
@@ -314,7 +317,8 @@ def run_scenario(name: str, old: int, new: int, index: int, url: str, db_url: st
         row.reserve_after = _reserve_ids(r, k)
         last = _sample(r, k, step_at)
         row.target_after, row.step_after = last.target, last.step
-    row.served_per_s = (consumed1 - consumed0) / sizes.step_s
+    first = at_step or samples[0]
+    row.served_per_s = (last.consumed - first.consumed) / sizes.step_s  # none after it
     waits = []
     for rep in reports:
         row.calls += rep.calls
@@ -325,6 +329,8 @@ def run_scenario(name: str, old: int, new: int, index: int, url: str, db_url: st
     row.empty_s = union_s(waits)
     row.waited_s = sum(hi - lo for lo, hi in waits)
     row.longest_wait_s = max((hi - lo for lo, hi in waits), default=0.0)
+    if waits:
+        row.waits_span = (min(lo for lo, _ in waits), max(hi for _, hi in waits))
     _timeline(row, samples, at_step)
     latencies = [ms / 1000 for ms in row.alloc_ms if ms > 0] or [0.0]
     model = [leaf_model.Phase(sizes.warm_s, old), leaf_model.Phase(sizes.step_s, new)]
@@ -353,6 +359,8 @@ def _timeline(row: StepRow, samples: list[Sample], at_step: Sample | None) -> No
             row.sized_s = s.t
         if row.ready_s is None and s.length >= HEADROOM_S * row.new:
             row.ready_s = s.t
+        if row.dry_s is None and s.length == 0:
+            row.dry_s = s.t
         if s.locked and not was_locked:
             locked_from = s.t
             if row.first_refill_s is None:
@@ -424,11 +432,12 @@ def main(console: Console, sizes: StepSizes) -> list[StepRow]:
                 f"{f.step_at_end:,}")
     console.print(table)
 
-    diag = Table(title="Where the time went (leafpool, from the step on; the Leaf model is "
-                 "fed the allocation latencies)")
+    diag = Table(title="Where the time went (leafpool; times from the step; the list and the "
+                 "lock read every 10 ms; the Leaf model is fed the allocation latencies, "
+                 "in the order seen)")
     for col in ("scenario", "IDs/s served", "calls", "waited s (Leaf new)", "PoolEmpty",
-                "empty hits", "first refill at s", "refills s", "allocation ms (all seen)",
-                "target after"):
+                "empty hits", "waits from-to s", "list empty at s", "first refill at s",
+                "refills s", "allocation ms (all seen)", "target after"):
         diag.add_column(col, justify="left" if col == "scenario" else "right")
     for row in rows:
         refills = ", ".join(f"{x:.2f}" for x in row.refill_s[:8])
@@ -437,7 +446,10 @@ def main(console: Console, sizes: StepSizes) -> list[StepRow]:
         leaf_waited = row.leaf.waited_s if row.leaf else 0.0
         diag.add_row(row.name, f"{row.served_per_s:,.0f}", f"{row.calls:,}",
                      f"{row.waited_s:.3f} ({leaf_waited:.3f})", str(row.pool_empty),
-                     str(row.empty_hits), _s(row.first_refill_s),
+                     str(row.empty_hits),
+                     "-" if row.waits_span is None else
+                     f"{row.waits_span[0]:.3f}-{row.waits_span[1]:.3f}",
+                     _s(row.dry_s), _s(row.first_refill_s),
                      refills or "-", _ms_summary(row.alloc_ms), f"{row.target_after:,}")
     console.print(diag)
 
