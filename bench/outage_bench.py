@@ -32,7 +32,7 @@ from bench.measure import meant_failures
 from leafpool.core.config import load_settings
 from leafpool.core.errors import LeafpoolError
 from leafpool.redis.pool import Pool
-from leafpool.refill.retry import below_low_water, fast_backoff
+from leafpool.refill.retry import fast_backoff
 from leafpool.segment.refiller import SegmentRefiller
 from leafpool.segment.store import SegmentStore
 from tests.support.servers import Server
@@ -122,7 +122,7 @@ class _Tag:
     def _refill_if_due(self) -> None:
         level = self.pool.levels([self.tag])[0]
         if self._in_row:  # failing: the fast retry's schedule, below low-water only
-            if not below_low_water(level) or self.clock.now < self._next_try:
+            if not (level.known and level.below_low_water()) or self.clock.now < self._next_try:
                 return
         elif not level.due():
             return
