@@ -45,8 +45,7 @@ from leafpool.children import die_with_parent
 from leafpool.housekeeping.sweep import snapshot_sweep, sweep
 from leafpool.redis.pool import Pool
 
-BATCH = 50
-CLIENTS = 4
+BATCH, CLIENTS = step_bench.BATCH, step_bench.CLIENTS  # paced by step_bench.paced
 BURST_RATE = 50_000
 STEADY_RATE = 1_000
 SLOW_MS = 100.0
@@ -110,41 +109,30 @@ def _client(
     url: str, prefix: str, tag: str, start: float, phases: list[tuple[float, int]], out: Any
 ) -> None:
     """Pop ``next_ids(BATCH)`` at each phase's rate (this process's share), paced from
-    ``start`` (wall clock, shared by the processes); late calls catch up at once."""
+    ``start`` (wall clock, shared by the processes: ``step_bench.paced``)."""
     from leafpool.client import Client
     from leafpool.core.config import load_settings
     from leafpool.core.errors import LeafpoolError, PoolEmpty
 
     client = Client(settings=load_settings(redis_url=url, key_prefix=prefix), policy="wait")
     report = ClientReport()
-    t = start
-    for seconds, rate in phases:
-        end = t + seconds
-        if rate <= 0:
-            t = end
-            continue
-        interval = BATCH * CLIENTS / rate
-        while t < end:
-            now = time.time()
-            if t > now:
-                time.sleep(t - now)
-            t0 = time.perf_counter()
-            began = time.time()
-            try:
-                report.ids += len(client.next_ids(tag, BATCH))
-            except PoolEmpty:
-                report.pool_empty += 1
-            except LeafpoolError:
-                report.errors += 1
-            ms = (time.perf_counter() - t0) * 1000
-            report.calls += 1
-            if ms > SLOW_MS:
-                report.slow += 1
-                report.slow_at.append(began)
-            report.latencies_ms.append(ms)
-            if ms > report.longest_ms:
-                report.longest_ms, report.longest_at = ms, began
-            t += interval
+    for _ in step_bench.paced(phases, start):
+        t0 = time.perf_counter()
+        began = time.time()
+        try:
+            report.ids += len(client.next_ids(tag, BATCH))
+        except PoolEmpty:
+            report.pool_empty += 1
+        except LeafpoolError:
+            report.errors += 1
+        ms = (time.perf_counter() - t0) * 1000
+        report.calls += 1
+        if ms > SLOW_MS:
+            report.slow += 1
+            report.slow_at.append(began)
+        report.latencies_ms.append(ms)
+        if ms > report.longest_ms:
+            report.longest_ms, report.longest_at = ms, began
     client.close()
     out.put(report)
 

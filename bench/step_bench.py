@@ -149,6 +149,28 @@ class StepClientReport:
     waits: list[tuple[float, float]] = field(default_factory=list)  # wall clock, from, to
 
 
+def paced(phases: list[tuple[float, int]], start: float, index: int = 0,
+          clients: int = CLIENTS) -> Iterator[None]:
+    """Each call's turn, slept until: ``phases`` of (seconds, IDs/s) from ``start`` (wall
+    clock, shared by the processes), ``BATCH`` IDs a call, the ``clients`` processes'
+    calls interleaved (this one is ``index``). Each phase starts on time: a late call
+    catches up at once but never carries into the next phase; a rate of 0 is a pause."""
+    phase_start = start
+    for seconds, rate in phases:
+        end = phase_start + seconds
+        if rate > 0:
+            interval = BATCH * clients / rate  # the clients together: one every BATCH/rate s
+            first = phase_start + index * interval / clients
+            k = 0
+            while (t := first + k * interval) < end:  # no sum of intervals drifting
+                now = time.time()
+                if t > now:
+                    time.sleep(t - now)
+                yield
+                k += 1
+        phase_start = end
+
+
 def _step_client(url: str, prefix: str, tag: str, index: int, gate: Any, start_at: Any,
                  phases: list[tuple[float, int]], out: Any) -> None:
     """Pop ``next_ids(BATCH)`` at each phase's rate (client ``index``'s share), paced from
@@ -173,27 +195,15 @@ def _step_client(url: str, prefix: str, tag: str, index: int, gate: Any, start_a
     client.redis.ping()
     out.put(None)  # connected: the start is set once every client is
     gate.wait()
-    phase_start = start_at.value
-    for seconds, rate in phases:
-        end = phase_start + seconds
-        if rate > 0:
-            # the clients' calls interleave: together, one every BATCH / rate seconds
-            interval = BATCH * CLIENTS / rate
-            t = phase_start + index * interval / CLIENTS
-            while t < end:
-                now = time.time()
-                if t > now:
-                    time.sleep(t - now)
-                began = time.time()
-                try:
-                    report.ids += len(client.next_ids(tag, BATCH))
-                except PoolEmpty:
-                    report.pool_empty += 1
-                except LeafpoolError:
-                    report.errors += 1
-                report.calls += 1
-                t += interval
-        phase_start = end
+    for _ in paced(phases, start_at.value, index):
+        began = time.time()
+        try:
+            report.ids += len(client.next_ids(tag, BATCH))
+        except PoolEmpty:
+            report.pool_empty += 1
+        except LeafpoolError:
+            report.errors += 1
+        report.calls += 1
     client.close()
     out.put(report)
 
