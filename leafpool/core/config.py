@@ -59,6 +59,9 @@ from leafpool.core.snowflake_layout import MAX_BACKWARDS_MS, validate_epoch, wal
 MAX_STEP = 1_000_000
 MAX_ID = 2**63 - 1
 MINUTE = 60.0
+#: DC IDs and counts (docs/design.md §12): a count must divide the 1024 worker IDs
+MAX_DC_COUNT = 1024
+MAX_DC_ID = MAX_DC_COUNT - 1
 HOUR = 3_600.0
 DAY = 86_400.0
 
@@ -87,6 +90,16 @@ class Settings(BackendSettings):
     # replicas have the pop (0: no acknowledgement, 'all': every replica at start)
     pop_replicas: str = "0"
     pop_wait_ms: int = Field(100, ge=1, le=60_000)
+
+    # more than one data centre (docs/design.md §12): this deployment's DC and how many
+    # the deployment was planned for. Snowflake: each DC leases worker IDs from a range of
+    # its own (1024 / DC_COUNT IDs; Leaf's 10-bit layout unchanged, the DC is
+    # worker_id // range); the count is fixed for the deployment's life. Segment tags:
+    # "shared" (every DC's pools refill from one primary database) or "own" (each DC has a
+    # database of its own and a tag's counter lives in the DC's slot of the ID space)
+    dc_id: int = Field(0, ge=0, le=MAX_DC_ID)
+    dc_count: int = Field(1, ge=1, le=MAX_DC_COUNT)
+    dc_segments: Literal["shared", "own"] = "shared"
 
     # pool sizing (docs/design.md §3); rate x seconds must stay a sane integer
     pool_seconds: float = Field(30.0, gt=0, le=DAY)
@@ -237,6 +250,15 @@ class Settings(BackendSettings):
                 "LEAFPOOL_STEP_GROW_SECONDS", self.step_grow_seconds,
                 f"must not exceed LEAFPOOL_STEP_SHRINK_SECONDS={self.step_shrink_seconds} "
                 "(a segment cannot last both less than the one and more than the other)")
+        if self.dc_id >= self.dc_count:
+            raise ConfigurationError(
+                "LEAFPOOL_DC_ID", self.dc_id,
+                f"must be below LEAFPOOL_DC_COUNT={self.dc_count} (DCs are numbered from 0)")
+        if MAX_DC_COUNT % self.dc_count:
+            raise ConfigurationError(
+                "LEAFPOOL_DC_COUNT", self.dc_count,
+                f"a power of two from 1 to {MAX_DC_COUNT} (each DC leases an equal range of "
+                "the 1024 snowflake worker IDs)")
         if not self.database_url:
             home = default_home()
             object.__setattr__(self, "database_url", f"sqlite:///{home / 'leafpool.sqlite3'}")

@@ -260,3 +260,27 @@ def test_watch_and_sizing_defaults() -> None:
     s = load_settings()
     assert (s.watch, s.burst_sizing, s.pool_floor) == (True, True, 200)
     assert (s.watch_interval_ms, s.watch_sweep_seconds, s.sweep_seconds) == (10, 30.0, 1.0)
+
+
+def test_the_dc_settings_default_to_one_site_and_are_read_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    one = load_settings()
+    assert (one.dc_id, one.dc_count, one.dc_segments) == (0, 1, "shared")
+    monkeypatch.setenv("LEAFPOOL_DC_ID", "3")
+    monkeypatch.setenv("LEAFPOOL_DC_COUNT", "4")
+    monkeypatch.setenv("LEAFPOOL_DC_SEGMENTS", "own")
+    dc = load_settings()
+    assert (dc.dc_id, dc.dc_count, dc.dc_segments) == (3, 4, "own")
+
+
+@pytest.mark.parametrize(("overrides", "variable", "says"), [
+    ({"dc_id": 2, "dc_count": 2}, "LEAFPOOL_DC_ID", "below LEAFPOOL_DC_COUNT=2"),
+    ({"dc_count": 3}, "LEAFPOOL_DC_COUNT", "a power of two"),
+    ({"dc_count": 2048}, "LEAFPOOL_DC_COUNT", "1024"),
+    ({"dc_segments": "both"}, "LEAFPOOL_DC_SEGMENTS", "'shared' or 'own'"),
+])
+def test_a_dc_setting_out_of_range_is_refused_naming_it(
+        overrides: dict[str, object], variable: str, says: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings(**overrides)
+    assert variable in str(caught.value) and says in str(caught.value)
