@@ -133,6 +133,13 @@ def failover_section(size: str) -> None:
                         else failover_bench.FULL)
 
 
+def pipeline_section(size: str) -> None:
+    from bench import pipeline_bench
+
+    pipeline_bench.main(console, {"smoke": pipeline_bench.SMOKE, "quick": pipeline_bench.QUICK}
+                        .get(size, pipeline_bench.FULL))
+
+
 def nemesis_section(size: str, args: argparse.Namespace) -> None:
     from bench import nemesis_bench
 
@@ -151,7 +158,7 @@ def main() -> None:
                            "run; the figures mean nothing")
     parser.add_argument("--only", choices=["", "pools", "replication", "snowflake", "http",
                                            "burst", "tags", "tls", "outage", "galera", "orm",
-                                           "failover", "nemesis"],
+                                           "failover", "nemesis", "pipeline"],
                         default="", help="one section")
     nemesis_bench.add_arguments(parser)
     args = parser.parse_args()
@@ -195,6 +202,9 @@ def run(args: argparse.Namespace) -> None:
         return
     if args.only == "nemesis":
         nemesis_section(size_name, args)
+        return
+    if args.only == "pipeline":
+        pipeline_section(size_name)
         return
     if args.only in sections:
         sections[args.only](sizes)
@@ -288,6 +298,7 @@ def run(args: argparse.Namespace) -> None:
         galera_section(size_name)
         orm_section(size_name)
         failover_section(size_name)
+        pipeline_section(size_name)
         if args.smoke:
             nemesis_section(size_name, args)
         else:  # three seeds of 10 minutes: asked for by name only
