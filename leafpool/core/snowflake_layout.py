@@ -127,3 +127,57 @@ def decode(snowflake_id: int | str, epoch_ms: int = LEAF_EPOCH_MS) -> Decoded:
         worker_id=(value >> WORKER_SHIFT) & MAX_WORKER_ID,
         sequence=value & MAX_SEQUENCE,
     )
+
+
+#: every worker ID there is (Leaf's 10 bits), shared out equally among the DCs
+WORKER_IDS = MAX_WORKER_ID + 1
+
+
+@dataclass(frozen=True)
+class DcRange:
+    """The worker IDs DC ``dc_id`` of ``dc_count`` leases (docs/design.md §12.1):
+    ``[dc_id x R, (dc_id + 1) x R)`` with ``R = 1024 / dc_count``. Leaf's 10-bit layout is
+    unchanged, so the DC of an ID is ``worker_id // R``: it takes the count to say which
+    (the ID itself does not carry it)."""
+
+    dc_id: int
+    dc_count: int
+
+    @property
+    def size(self) -> int:
+        return WORKER_IDS // self.dc_count
+
+    @property
+    def first(self) -> int:
+        return self.dc_id * self.size
+
+    @property
+    def last(self) -> int:
+        return self.first + self.size - 1
+
+    def __contains__(self, worker_id: object) -> bool:
+        return isinstance(worker_id, int) and self.first <= worker_id <= self.last
+
+    def ids(self) -> range:
+        return range(self.first, self.last + 1)
+
+    def describe(self) -> str:
+        """``DC 1 of 2 (worker IDs 512..1023)``."""
+        return f"DC {self.dc_id} of {self.dc_count} (worker IDs {self.first}..{self.last})"
+
+
+def dc_range(dc_id: int, dc_count: int) -> DcRange:
+    """The range of DC ``dc_id`` of ``dc_count`` (a power of two from 1 to 1024)."""
+    if isinstance(dc_count, bool) or not isinstance(dc_count, int) or not (
+        1 <= dc_count <= WORKER_IDS and WORKER_IDS % dc_count == 0
+    ):
+        raise InvalidArgument("dc_count", dc_count, f"a power of two from 1 to {WORKER_IDS}")
+    if isinstance(dc_id, bool) or not isinstance(dc_id, int) or not 0 <= dc_id < dc_count:
+        raise InvalidArgument("dc_id", dc_id, f"an integer from 0 to {dc_count - 1}")
+    return DcRange(dc_id, dc_count)
+
+
+def dc_of(worker_id: int, dc_count: int) -> int:
+    """The DC whose range holds ``worker_id`` when the deployment has ``dc_count`` DCs."""
+    validate_worker_id(worker_id)
+    return worker_id // dc_range(0, dc_count).size

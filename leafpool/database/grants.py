@@ -5,10 +5,11 @@
   guard`` (it writes ``leafpool_tag_guard``, and reads a guard's table once to check it);
 - ``worker``: a refill (SELECT and UPDATE of ``leaf_alloc``, SELECT of the retired marks
   and of the tags' guards), the tag sync (it lists snowflake tags and keeps the mark of a
-  tag gone from the table), and snowflake mode ``mysql`` (``leaf_workerid_alloc``); no
-  DDL, no DELETE. A tag's guard also needs SELECT on the application's table it names,
-  which this module cannot know: :func:`grants` ends the worker's lines with a comment
-  saying so (docs/design.md §7.3);
+  tag gone from the table), and snowflake mode ``mysql`` (``leaf_workerid_alloc``, and
+  the DC layout it serves: reads and writes once the one row of
+  ``leafpool_snowflake_layout``, never changes it); no DDL, no DELETE. A tag's guard
+  also needs SELECT on the application's table it names, which this module cannot
+  know: :func:`grants` ends the worker's lines with a comment saying so (docs/design.md §7.3);
 - ``monitor`` and ``http``: the ``/db`` page (SELECT of the tag tables);
 - ``app``: nothing: applications never reach the database.
 """
@@ -29,6 +30,7 @@ _GRANTS: dict[str, list[tuple[str, str]]] = {
         ("SELECT", "leafpool_snowflake_tag"),
         ("SELECT", "leafpool_tag_guard"),
         ("SELECT, INSERT, UPDATE", "leaf_workerid_alloc"),
+        ("SELECT, INSERT", "leafpool_snowflake_layout"),
     ],
     "monitor": [("SELECT", "leaf_alloc"), ("SELECT", "leafpool_snowflake_tag")],
     "http": [("SELECT", "leaf_alloc"), ("SELECT", "leafpool_snowflake_tag")],

@@ -2,7 +2,7 @@
 (docs/design.md §1.2). A refill, the tag sync or a worker-ID claim runs as a database user
 without CREATE, so nothing but :func:`create` runs DDL: Leaf's ``leaf_alloc`` (its DDL
 file, unchanged), leafpool's own tables (from their SQLAlchemy tables), and on MySQL
-NotFound9's ``leaf_workerid_alloc``.
+NotFound9's ``leaf_workerid_alloc`` and the DC layout it serves (``leafpool_snowflake_layout``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from leafpool.core.errors import BackendUnavailable, ConfigurationError
 from leafpool.core.setting_values import DATABASE_URL_ENV, hide_password
 from leafpool.database.engine import OWN_TABLES, ddl_statement, driver_code, transaction
 from leafpool.database.guard import tag_guard
+from leafpool.database.layout_table import snowflake_layout
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,8 @@ def create(engine: Engine) -> bool:
             table.create(conn, checkfirst=True)
         if dialect == "mysql" and not inspect(conn).has_table("leaf_workerid_alloc"):
             conn.execute(text(ddl_statement("mysql", "leaf_workerid_alloc")))
+        if dialect == "mysql":  # snowflake mode mysql's DC layout (docs/design.md §12.1)
+            snowflake_layout.create(conn, checkfirst=True)
     with transaction(engine, "schema check") as conn:
         if inspect(conn).has_table("leaf_alloc"):
             return False

@@ -1,8 +1,9 @@
-"""Mode ``k8s``: the worker ID of a StatefulSet pod is ``LEAFPOOL_SNOWFLAKE_WORKER_OFFSET``
-plus its pod index (``LEAFPOOL_SNOWFLAKE_POD_INDEX``, set from the
-``apps.kubernetes.io/pod-index`` label through the downward API; unset: the trailing
-ordinal of ``HOSTNAME``, ``leafpool-snowflake-2`` is 2), held under the ``zk_recycle``
-lease of that one worker ID (docs/design.md §8.6).
+"""Mode ``k8s``: the worker ID of a StatefulSet pod is its DC's first worker ID (0 with one
+DC; docs/design.md §12.1) plus ``LEAFPOOL_SNOWFLAKE_WORKER_OFFSET`` plus its pod index
+(``LEAFPOOL_SNOWFLAKE_POD_INDEX``, set from the ``apps.kubernetes.io/pod-index`` label
+through the downward API; unset: the trailing ordinal of ``HOSTNAME``,
+``leafpool-snowflake-2`` is 2), held under the ``zk_recycle`` lease of that one worker ID
+(docs/design.md §8.6).
 
 The worker ID is fixed, so the lease does not choose it: it only says *when* this pod
 may use it. A replacement pod (the old one force-deleted, or partitioned and still
@@ -29,6 +30,7 @@ from leafpool.core.errors import ConfigurationError, WorkerIdUnavailable
 from leafpool.core.snowflake_layout import MAX_WORKER_ID
 from leafpool.snowflake.registry.base import Start
 from leafpool.snowflake.registry.cache import CacheRecord
+from leafpool.snowflake.registry.layout import settings_range
 from leafpool.snowflake.registry.recycle import RecycleRegistry
 from leafpool.snowflake.registry.zk_common import load
 
@@ -54,14 +56,20 @@ def pod_index(settings: Settings, hostname: str) -> int:
 
 
 def pod_worker_id(settings: Settings, hostname: str) -> int:
-    """``LEAFPOOL_SNOWFLAKE_WORKER_OFFSET`` + the pod index, within 0..1023."""
+    """The DC's first worker ID + ``LEAFPOOL_SNOWFLAKE_WORKER_OFFSET`` + the pod index,
+    within the DC's range (docs/design.md §12.1; one DC: offset + index within 0..1023).
+    The offset is relative to the DC's range, so every DC runs the same manifest but
+    for ``LEAFPOOL_DC_ID``, and no offset reaches another DC's worker IDs."""
     index = pod_index(settings, hostname)
-    worker_id = settings.snowflake_worker_offset + index
-    if worker_id > MAX_WORKER_ID:
+    dc = settings_range(settings)
+    worker_id = dc.first + settings.snowflake_worker_offset + index
+    if worker_id > dc.last:
+        where = f"of {dc.describe()}" if dc.dc_count > 1 else ""
         raise ConfigurationError(
             OFFSET_ENV, settings.snowflake_worker_offset,
-            f"plus the pod index {index} is {worker_id}, above the largest worker ID "
-            f"{MAX_WORKER_ID}: lower the offset or the StatefulSet's replicas")
+            f"plus the pod index {index} is {worker_id - dc.first}, beyond the "
+            f"{dc.size} worker IDs {where or f'(0..{MAX_WORKER_ID})'} (worker ID "
+            f"{worker_id}): lower the offset or the StatefulSet's replicas")
     return worker_id
 
 
@@ -89,6 +97,13 @@ class K8sRegistry(RecycleRegistry):
         self._session_id = client.client_id[0] if client.client_id else None
         return self._raise_mark(client, worker_id, cached)
 
+    def _origin(self, worker_id: int) -> str:
+        offset = self.settings.snowflake_worker_offset
+        index = worker_id - self.dc.first - offset
+        if self.dc.dc_count == 1:
+            return f"offset {offset} + pod index {index}"
+        return f"DC {self.dc.dc_id}'s first {self.dc.first} + offset {offset} + pod index {index}"
+
     def _take_lease(self, client: KazooClient, worker_id: int) -> None:
         path = self.lease_path(worker_id)
         try:
@@ -101,9 +116,7 @@ class K8sRegistry(RecycleRegistry):
             except NoNodeError:  # gone meanwhile: the next attempt may take it
                 holder, owner = "?", "a session that just ended"
             raise WorkerIdUnavailable(
-                f"{self.identity}: worker {worker_id} (offset "
-                f"{self.settings.snowflake_worker_offset} + pod index "
-                f"{worker_id - self.settings.snowflake_worker_offset}) is leased by "
+                f"{self.identity}: worker {worker_id} ({self._origin(worker_id)}) is leased by "
                 f"{holder} ({owner}); this pod waits until that lease is released or "
                 f"expires (the ZooKeeper session timeout) and never generates meanwhile"
             ) from None

@@ -1,6 +1,8 @@
 """Mode ``mysql``: worker IDs in NotFound9's ``leaf_workerid_alloc`` table (DDL unchanged,
 ``leafpool/database/sql/mysql/leaf_workerid_alloc.sql``) in the database of
-``LEAFPOOL_DATABASE_URL`` (MySQL or MariaDB). How its columns are used, the claim, the
+``LEAFPOOL_DATABASE_URL`` (MySQL or MariaDB), the IDs of the DC's range (1..1023 with
+one DC), the layout the database serves in ``leafpool_snowflake_layout``
+(docs/design.md §12.1). How its columns are used, the claim, the
 lease and a start without the database: docs/design.md §8.4.
 """
 
@@ -33,7 +35,6 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from leafpool.core.config import Settings, hide_password
 from leafpool.core.errors import BackendUnavailable, ConfigurationError, WorkerIdUnavailable
-from leafpool.core.snowflake_layout import MAX_WORKER_ID
 from leafpool.database.engine import (
     DriverTimeouts,
     ddl_statement,
@@ -41,6 +42,8 @@ from leafpool.database.engine import (
     parse_url,
     transaction,
 )
+from leafpool.database.layout_table import WORKERID_REGISTRY, snowflake_layout
+from leafpool.snowflake.registry import layout
 from leafpool.snowflake.registry.base import BaseRegistry, Lease, Start
 from leafpool.snowflake.registry.cache import CacheRecord
 
@@ -121,6 +124,9 @@ class MySqlRegistry(BaseRegistry):
                 with self._tx("creating leaf_workerid_alloc") as conn:
                     if not inspect(conn).has_table(_t.name):
                         conn.execute(text(DDL))
+                    if not inspect(conn).has_table(snowflake_layout.name):
+                        snowflake_layout.create(conn, checkfirst=True)
+            self._check_layout()
             for _attempt in range(CLAIM_ATTEMPTS):
                 try:
                     with self.deadline.renewing(), self._tx("claim") as conn:
@@ -135,6 +141,38 @@ class MySqlRegistry(BaseRegistry):
         except BackendUnavailable as exc:
             return self._cached_start(f"MySQL unreachable ({exc})", exc, cached)
 
+    def _check_layout(self) -> None:
+        """Compare the database's DC layout record (``leafpool_snowflake_layout``) with
+        this process's settings, writing it when there is none (docs/design.md §12.1).
+        A database whose table this user cannot see (``db init`` of the previous
+        release, or its grants) is taken as DC 0 of 1, as before the record, by a
+        process of that layout; any other layout needs the table."""
+        where = f"MySQL {snowflake_layout.name} registry='{WORKERID_REGISTRY}'"
+        t = snowflake_layout
+        with self._tx("DC layout check") as conn:
+            if not inspect(conn).has_table(t.name):
+                if (self.dc.dc_id, self.dc.dc_count) == layout.UNRECORDED:
+                    log.warning("%s: no %s table to record the DC layout in (run leafpool db "
+                                "init, and grant the worker leafpool db grants worker); "
+                                "serving DC 0 of 1 as before", self.identity, t.name)
+                    return
+                raise ConfigurationError(
+                    layout.DC_COUNT_ENV, self.dc.dc_count,
+                    f"needs the {t.name} table to record the DC layout this database serves "
+                    "(it is absent, or not granted to this user): run leafpool db init, "
+                    "then the grants of leafpool db grants worker")
+            chosen = select(t.c.dc_id, t.c.dc_count).where(t.c.registry == WORKERID_REGISTRY)
+            row = conn.execute(chosen).first()
+            if row is None:
+                count = conn.execute(select(func.count()).select_from(_t)).scalar_one()
+                history = f"{count} rows of {_t.name}" if count else None
+                layout.check(self.dc, None, where, history)
+                conn.execute(t.insert().prefix_with("IGNORE").values(
+                    registry=WORKERID_REGISTRY, dc_id=self.dc.dc_id,
+                    dc_count=self.dc.dc_count, written_by=self.identity))
+                row = conn.execute(chosen).one()  # ours, or a racing worker's
+            layout.check(self.dc, (int(row.dc_id), int(row.dc_count)), where, None)
+
     def _claim_in(self, conn: Connection, cached: CacheRecord | None) -> Start:
         expired = case((self._expired(), 1), else_=0).label("expired")
         row = conn.execute(
@@ -142,10 +180,11 @@ class MySqlRegistry(BaseRegistry):
         ).first()
         if row is not None:
             worker_id, recorded, how = int(row.id), int(row.max_timestamp or 0), "reused"
-            if worker_id > MAX_WORKER_ID:
+            if worker_id not in self.dc:
                 raise WorkerIdUnavailable(
-                    f"{self.identity}: its leaf_workerid_alloc row has id {worker_id}, above "
-                    f"{MAX_WORKER_ID}; delete that row so a valid worker ID can be assigned"
+                    f"{self.identity}: its leaf_workerid_alloc row has id {worker_id}, outside "
+                    f"{self.dc.describe()}; delete that row so a worker ID of the range can "
+                    "be assigned"
                 )
             gone = cached is not None and cached.left_by_gone_writer(row.port)
             if not row.expired and not gone:
@@ -168,27 +207,28 @@ class MySqlRegistry(BaseRegistry):
         return start
 
     def _new_row(self, conn: Connection) -> tuple[int, int, str]:
-        used = set(
-            conn.execute(
-                select(_t.c.id).where(_t.c.id <= MAX_WORKER_ID).with_for_update()
-            ).scalars()
-        )
-        free = next((i for i in range(1, MAX_WORKER_ID + 1) if i not in used), None)
+        """A free ID of the DC's range (0 excluded, as NotFound9's table starts at 1),
+        else the row of the range whose lease expired longest ago."""
+        low, high = max(1, self.dc.first), self.dc.last
+        in_range = _t.c.id.between(low, high)
+        used = set(conn.execute(select(_t.c.id).where(in_range).with_for_update()).scalars())
+        free = next((i for i in range(low, high + 1) if i not in used), None)
         if free is not None:  # the claim fills in the rest
             conn.execute(_t.insert().values(id=free, ip_port=self.identity, create_time=func.now()))
             return free, 0, "inserted"
         victim = conn.execute(
             select(_t)
-            .where(_t.c.id <= MAX_WORKER_ID, self._expired())
+            .where(in_range, self._expired())
             .order_by(_t.c.update_time, _t.c.id)
             .limit(1)
             .with_for_update()
         ).first()
         if victim is None:
             raise WorkerIdUnavailable(
-                f"{self.identity}: all {MAX_WORKER_ID} worker IDs of leaf_workerid_alloc "
-                f"(1..{MAX_WORKER_ID}) are leased by live processes (renewed within "
-                f"{self.lease_db_s}s); none can be recycled"
+                f"{self.identity}: {self.dc.describe()}: all {high - low + 1} worker IDs of "
+                f"leaf_workerid_alloc ({low}..{high}) are leased by live processes (renewed "
+                f"within {self.lease_db_s}s); none can be recycled (LEAFPOOL_DC_COUNT="
+                f"{self.dc.dc_count})"
             )
         conn.execute(_t.update().where(_t.c.id == victim.id).values(ip_port=self.identity))
         log.warning(

@@ -1,6 +1,6 @@
-"""Mode ``zk_recycle``: worker IDs 0..1023 leased from ZooKeeper and reclaimed when
-their holder's session ends (NotFound9's mode of the same name, for hosts and ports that
-come and go).
+"""Mode ``zk_recycle``: worker IDs of the DC's range (0..1023 with one DC; docs/design.md
+§12.1) leased from ZooKeeper and reclaimed when their holder's session ends (NotFound9's
+mode of the same name, for hosts and ports that come and go).
 
 The lease is the ephemeral ``/snowflake/{name}/recycle/lease/0007``, held by the
 holder's session; the mark the persistent ``recycle/hw/0007`` (its ``timestamp``), which
@@ -21,7 +21,7 @@ from kazoo.protocol.states import KazooState, ZnodeStat
 
 from leafpool.core.config import Settings
 from leafpool.core.errors import BackendUnavailable, WorkerIdUnavailable
-from leafpool.core.snowflake_layout import MAX_WORKER_ID
+from leafpool.snowflake.registry import layout
 from leafpool.snowflake.registry.base import HOT_WRITE_SECONDS, Lease, Start
 from leafpool.snowflake.registry.cache import CacheRecord
 from leafpool.snowflake.registry.zk_common import (
@@ -72,7 +72,7 @@ class RecycleRegistry(ZooKeeperRegistry):
         self._prepare(client)
         taken = {int(c) for c in client.get_children(self.lease_dir) if c.isdigit()}
         previous = cached.worker_id if cached is not None else -1
-        free = sorted(set(range(MAX_WORKER_ID + 1)) - taken, key=lambda w: (w != previous, w))
+        free = sorted(set(self.dc.ids()) - taken, key=lambda w: (w != previous, w))
         for worker_id in free:
             try:
                 client.create(
@@ -84,10 +84,7 @@ class RecycleRegistry(ZooKeeperRegistry):
                 continue
             self._session_id = client.client_id[0] if client.client_id else None
             return self._raise_mark(client, worker_id, cached)
-        raise WorkerIdUnavailable(
-            f"{self.identity}: all {MAX_WORKER_ID + 1} worker IDs are leased under "
-            f"{self.lease_dir}; none is free to claim"
-        )
+        raise layout.exhausted(self.identity, self.dc, f"leased under {self.lease_dir}")
 
     def _raise_mark(self, client: KazooClient, worker_id: int, cached: CacheRecord | None) -> Start:
         """Raise the worker ID's mark to the start mark, at the version we read: a former

@@ -7,6 +7,12 @@ Leaf's layout, so an existing Leaf tree is shared without conflict::
         {"ip", "port", "timestamp"} plus our "token"
     /snowflake/{name}/temporary/{identity}            ephemeral: the identity is live;
         the same data plus "pid"
+    /snowflake/{name}/layout                          persistent: the DC layout the tree
+        serves, {"dc_id", "dc_count", "first", "last"} (docs/design.md §12.1)
+
+With more than one DC (``LEAFPOOL_DC_COUNT``) the worker ID is the DC's first worker ID
+plus the sequence number, and a sequence beyond the DC's range is refused; with one DC
+(the default) it is the sequence number, as in Leaf.
 
 The start (the live identity, the clock against the live peers', the forever node),
 ZooKeeper as a weak dependency and the fencing of a second live process of one identity:
@@ -25,8 +31,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.protocol.states import ZnodeStat
 
 from leafpool.core.config import Settings
-from leafpool.core.errors import BackendUnavailable, WorkerIdUnavailable
-from leafpool.core.snowflake_layout import MAX_WORKER_ID
+from leafpool.core.errors import BackendUnavailable, ConfigurationError, WorkerIdUnavailable
 from leafpool.snowflake.registry.base import HOT_WRITE_SECONDS, Lease, Start
 from leafpool.snowflake.registry.cache import CacheRecord
 from leafpool.snowflake.registry.zk_common import (
@@ -165,32 +170,34 @@ class ZkRegistry(ZooKeeperRegistry):
                 mine.append((int(seq), f"{self.forever}/{child}"))
         if not mine:
             return None
-        worker_id, path = min(mine)
+        seq, path = min(mine)
         if len(mine) > 1:
             log.warning(
                 "%s: %d forever nodes; using the lowest, %s", self.identity, len(mine), path
             )
-        if worker_id > MAX_WORKER_ID:
+        if seq >= self.dc.size:
             raise WorkerIdUnavailable(
-                f"{self.identity}: its forever node {path} has sequence {worker_id}, above "
-                f"{MAX_WORKER_ID}; remove it or use mode zk_recycle"
+                f"{self.identity}: its forever node {path} has sequence {seq}, beyond the "
+                f"{self.dc.size} worker IDs of {self.dc.describe()}; remove it or use mode "
+                "zk_recycle"
             )
-        return worker_id, path
+        return self.dc.first + seq, path
 
     def _create_forever(self, client: KazooClient) -> tuple[int, str]:
         prefix = f"{self.forever}/{self.safe_identity}-"
         path = client.create(prefix, self._data(self.clock()), sequence=True)
-        worker_id = int(path.rpartition("-")[2])
-        if worker_id > MAX_WORKER_ID:
+        seq = int(path.rpartition("-")[2])
+        if seq >= self.dc.size:
             with contextlib.suppress(*KAZOO_ERRORS):
                 client.delete(path)
             raise WorkerIdUnavailable(
-                f"{self.identity}: ZooKeeper's sequence under {self.forever} reached "
-                f"{worker_id}; worker IDs are 0..{MAX_WORKER_ID} and mode zk never reuses "
-                "one (use mode zk_recycle, or a new LEAFPOOL_SNOWFLAKE_NAME)"
+                f"{self.identity}: ZooKeeper's sequence under {self.forever} reached {seq}: "
+                f"{self.dc.describe()} has {self.dc.size} worker IDs (LEAFPOOL_DC_COUNT="
+                f"{self.dc.dc_count}) and mode zk never reuses one (use mode zk_recycle, or "
+                "a new LEAFPOOL_SNOWFLAKE_NAME)"
             )
         log.info("%s: new forever node %s", self.identity, path)
-        return worker_id, path
+        return self.dc.first + seq, path
 
     # -- running ------------------------------------------------------------------------
 
@@ -287,6 +294,7 @@ class ZkRegistry(ZooKeeperRegistry):
         process holds the identity (else fence) and that ZooKeeper agrees on the worker
         ID; the tick then syncs the high-water mark."""
         try:
+            self._check_layout(client)
             self._hold_identity(client, self.read_cache())
             found = self._find_forever(client)
             if found is None or found[0] != lease.worker_id:
@@ -307,6 +315,8 @@ class ZkRegistry(ZooKeeperRegistry):
                 return
         except IdentityHeld as exc:
             self._fence(f"identity held by {exc.holder}")
+        except ConfigurationError as exc:  # the tree serves another DC layout
+            self._fence(str(exc))
         except (WorkerIdUnavailable, *KAZOO_ERRORS) as exc:
             log.warning("%s: reconnecting to ZooKeeper failed: %s", self.identity, exc)
         close(client)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, KazooException
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import KazooState, ZnodeStat
@@ -20,7 +20,7 @@ from kazoo.retry import KazooRetry
 
 from leafpool.core.config import Settings
 from leafpool.core.errors import BackendUnavailable, ConfigurationError, WorkerIdUnavailable
-from leafpool.snowflake.registry import zk_acl
+from leafpool.snowflake.registry import layout, zk_acl
 from leafpool.snowflake.registry.base import BaseRegistry, Start
 from leafpool.snowflake.registry.cache import CacheRecord
 
@@ -171,12 +171,52 @@ class ZooKeeperRegistry(BaseRegistry):
         except BackendUnavailable as exc:
             return self._unreachable(exc, cached)
         try:
+            self._check_layout(self.client)
             return self._claim_with(self.client, cached)
         except KAZOO_ERRORS as exc:
             raise BackendUnavailable(f"{self.identity}: ZooKeeper claim failed: {exc!r}") from exc
 
     def _claim_with(self, client: KazooClient, cached: CacheRecord | None) -> Start:
         raise NotImplementedError
+
+    @property
+    def layout_path(self) -> str:
+        """The record of the DC layout this tree serves (docs/design.md §12.1), shared
+        by modes zk, zk_recycle and k8s of one ``LEAFPOOL_SNOWFLAKE_NAME``."""
+        return f"/snowflake/{self.name}/layout"
+
+    def _check_layout(self, client: KazooClient) -> None:
+        """Compare the tree's layout record with this process's DC settings (raise
+        :class:`ConfigurationError` on a mismatch); write it when there is none."""
+        where = f"ZooKeeper {self.layout_path}"
+        for _ in range(3):
+            try:
+                raw, _stat = client.get(self.layout_path)
+            except NoNodeError:
+                layout.check(self.dc, None, where, self._history(client))
+                try:
+                    client.create(self.layout_path, dump(layout.record_data(self.dc)),
+                                  makepath=True)
+                except NodeExistsError:
+                    continue  # another worker wrote it meanwhile: compare with it
+                log.info("%s: recorded in %s: this tree serves %s", self.identity,
+                         self.layout_path, self.dc.describe())
+                return
+            layout.check(self.dc, layout.parse_record(load(raw), where), where, None)
+            return
+        raise WorkerIdUnavailable(f"{self.identity}: {self.layout_path} keeps changing")
+
+    def _history(self, client: KazooClient) -> str | None:
+        """What the tree holds of worker IDs from before its layout record, if any."""
+        for below in ("forever", "recycle/hw"):
+            path = f"/snowflake/{self.name}/{below}"
+            try:
+                children = client.get_children(path)
+            except NoNodeError:
+                continue
+            if children:
+                return f"{len(children)} nodes under {path}"
+        return None
 
     def _unreachable(self, exc: BackendUnavailable, cached: CacheRecord | None) -> Start:
         return self._cached_start(f"ZooKeeper unreachable ({exc})", exc, cached)

@@ -183,7 +183,7 @@ def test_all_1024_worker_ids_taken(zkr: RecycleBackend) -> None:
         assert all(isinstance(r, str) for r in tx.commit())
     with pytest.raises(WorkerIdUnavailable) as err:
         probe.claim()
-    assert "all 1024 worker IDs are leased" in str(err.value)
+    assert "all 1024 worker IDs of its range are leased" in str(err.value)
     zkr.zk.delete(probe.lease_path(517))
     assert probe.claim().worker_id == 517
     assert json.loads(probe.cache.path.read_text())["worker_id"] == 517
