@@ -39,10 +39,12 @@ class Runtime:
     # service's reads start without SQLAlchemy (a tenth of a second)
     @cached_property
     def store(self) -> SegmentStore:
+        from leafpool.segment.counter import own_slot
         from leafpool.segment.store import SegmentStore
 
-        return SegmentStore.from_url(self.settings.database_url,
-                                     self.settings.database_tls_used)
+        s = self.settings
+        return SegmentStore.from_url(s.database_url, s.database_tls_used,
+                                     own_slot(s.dc_segments, s.dc_id))
 
     @cached_property
     def refiller(self) -> SegmentRefiller:

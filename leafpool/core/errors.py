@@ -7,6 +7,7 @@ callers only ever catch leafpool types.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 
@@ -192,3 +193,41 @@ class ReplicasBehind(BackendUnavailable):
             said = (f"{tag}: {acked} of {required} replicas acknowledged this connection's "
                     "writes in time; nothing was popped")
         super().__init__(said)
+
+
+class OutsideDcSlot(LeafpoolError):
+    """Mode ``own`` (``LEAFPOOL_DC_SEGMENTS=own``, docs/design.md §12.3): an allocation
+    would hand out IDs outside this DC's slot of the ID space, ``[slot_start, slot_end)``:
+    the step would pass the slot's end, or the tag's counter (``leaf_alloc.max_id``) is in
+    another DC's slot (the database is that DC's, or is shared with it by mistake).
+    Nothing was allocated: an ID outside the slot may be another DC's."""
+
+    def __init__(self, tag: str, dc_id: int, slot_start: int, slot_end: int, max_id: int,
+                 reason: str) -> None:
+        self.tag = tag
+        self.dc_id = dc_id
+        self.slot_start = slot_start
+        self.slot_end = slot_end
+        self.max_id = max_id
+        self.reason = reason
+        super().__init__(
+            f"{tag}: DC {dc_id}'s slot is [{slot_start}, {slot_end}) and leaf_alloc.max_id="
+            f"{max_id}: {reason}; nothing allocated")
+
+
+class PoolEmptyDatabaseUnreachable(PoolEmpty):
+    """A :class:`PoolEmpty` whose tag's refills have found the database unreachable
+    since ``db_unreachable_ms`` (ms since the epoch, the tag's state): the pool served
+    its list and reserve through the outage and has run dry (docs/design.md §3.8,
+    §12.2). It comes back within seconds of the database's return."""
+
+    def __init__(self, tag: str, db_unreachable_ms: int, now_ms: int, waited: float = 0.0,
+                 partial: list[int] | None = None) -> None:
+        super().__init__(tag, waited, partial)
+        self.db_unreachable_ms = db_unreachable_ms
+        since = datetime.datetime.fromtimestamp(db_unreachable_ms / 1000, datetime.UTC)
+        ago = max(0.0, (now_ms - db_unreachable_ms) / 1000)
+        self.args = (
+            f"{self.args[0]}: the database has been unreachable since "
+            f"{since.strftime('%Y-%m-%dT%H:%M:%S')}Z ({ago:.0f} s ago); the pool served its "
+            "list and reserve and is now empty until the database answers again",)

@@ -15,10 +15,74 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, func, select
 
 from leafpool.core.config import MAX_ID
-from leafpool.core.errors import SegmentExhausted, UnknownTag
+from leafpool.core.errors import OutsideDcSlot, SegmentExhausted, UnknownTag
 from leafpool.database.engine import leaf_alloc
 
 FIRST_ID = 1  # IDs start at 1: a Leaf client reads 0 (and below) as a failure result
+
+#: mode own (docs/design.md §12.3): DC k's counters live in ``[k x 2^50, (k + 1) x 2^50)``,
+#: fixed whatever the DC count (DC 0's slot starts at 0: a single site's counters are DC
+#: 0's already)
+SLOT_BITS = 50
+SLOT_SIZE = 1 << SLOT_BITS
+
+
+@dataclass(frozen=True)
+class DcSlot:
+    """DC ``dc_id``'s slot of the ID space in mode own: ``[start, end)``."""
+
+    dc_id: int
+
+    @property
+    def start(self) -> int:
+        return self.dc_id * SLOT_SIZE
+
+    @property
+    def end(self) -> int:
+        return min((self.dc_id + 1) * SLOT_SIZE, MAX_ID)
+
+    @property
+    def first(self) -> int:
+        """Where a new tag begins: the slot's start + the usual first ID (1)."""
+        return self.start + FIRST_ID
+
+    def __str__(self) -> str:
+        return f"DC {self.dc_id}'s slot [{self.start}, {self.end})"
+
+    def lowest(self) -> Lowest:
+        return Lowest(self.first, f"{self} starts there (LEAFPOOL_DC_SEGMENTS=own)")
+
+    def check_counter(self, tag: str, max_id: int) -> None:
+        """A counter in another DC's slot is refused, never moved (:class:`OutsideDcSlot`):
+        above this slot, or below it in a slot other than DC 0's. One in DC 0's slot below
+        this one (a row inserted by hand, a single site's database) is moved up by the heal
+        (docs/design.md §12.3 says why)."""
+        if self.start <= max_id <= self.end or max_id < SLOT_SIZE:
+            return
+        owner = (max_id - 1) >> SLOT_BITS
+        raise OutsideDcSlot(
+            tag, self.dc_id, self.start, self.end, max_id,
+            f"the counter is in DC {owner}'s slot: this database is DC {owner}'s, or shared "
+            f"with it by mistake (each DC in mode own needs a database of its own; check "
+            f"LEAFPOOL_DATABASE_URL and LEAFPOOL_DC_ID={self.dc_id}). Never moved down "
+            "automatically: IDs above it may have been handed out")
+
+    def check_fits(self, tag: str, max_id: int, start: int, step: int) -> None:
+        """The range ``[start, start + step)`` is inside the slot, or
+        :class:`OutsideDcSlot` (nothing handed out past the slot's end)."""
+        if self.start <= start and start + step <= self.end:
+            return
+        left = max(0, self.end - start)
+        raise OutsideDcSlot(
+            tag, self.dc_id, self.start, self.end, max_id,
+            f"a step of {step} from {start} would pass the slot's end ({left} IDs left in "
+            "the slot); the tag has used up its DC's slot")
+
+
+def own_slot(dc_segments: str, dc_id: int) -> DcSlot | None:
+    """The DC's slot in mode own (``LEAFPOOL_DC_SEGMENTS=own``); None in mode shared
+    (one database, one counter: nothing to keep apart)."""
+    return DcSlot(dc_id) if dc_segments == "own" else None
 
 
 @dataclass(frozen=True)
@@ -37,10 +101,12 @@ class Lowest:
     why: str
 
 
-def lowest(floor: int, retired: int, stored: Stored | None) -> Lowest:
-    """The largest of 1, a removed tag's mark, the caller's ``floor`` (the pool's mark)
-    and one above what the guard read; on a tie the first named."""
-    candidates = [Lowest(FIRST_ID, "IDs start at 1"),
+def lowest(floor: int, retired: int, stored: Stored | None,
+           slot: DcSlot | None = None) -> Lowest:
+    """The largest of 1 (in mode own: the DC's slot's first ID), a removed tag's mark,
+    the caller's ``floor`` (the pool's mark) and one above what the guard read; on a tie
+    the first named."""
+    candidates = [slot.lowest() if slot is not None else Lowest(FIRST_ID, "IDs start at 1"),
                   Lowest(retired, "a removed tag of this name handed out IDs below it"),
                   Lowest(floor, "the pool already holds or handed out IDs below it")]
     if stored is not None and stored.max_id is not None:

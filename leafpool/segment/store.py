@@ -54,19 +54,25 @@ TABLES = (*OWN_TABLES, tag_guard)
 
 
 class SegmentStore:
-    """Tags and segment allocation in ``leaf_alloc``."""
+    """Tags and segment allocation in ``leaf_alloc``. ``slot``: mode own's slot of this
+    DC (docs/design.md §12.3; :func:`leafpool.segment.counter.own_slot`): tags begin in
+    it, counters below it are moved up into it, nothing is allocated outside it."""
 
     def __init__(self, engine: Engine,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 slot: counter.DcSlot | None = None) -> None:
         self.engine = engine
         self._monotonic = monotonic
+        self.slot = slot
         self._seen: set[str] = set()  # own tables found there (``_ensure_own_tables``)
 
     @classmethod
-    def from_url(cls, url: str, tls: TlsFiles | None = None) -> SegmentStore:
-        """A store on ``url``; ``tls``: the database's TLS (``Settings.database_tls_used``)."""
+    def from_url(cls, url: str, tls: TlsFiles | None = None,
+                 slot: counter.DcSlot | None = None) -> SegmentStore:
+        """A store on ``url``; ``tls``: the database's TLS (``Settings.database_tls_used``);
+        ``slot``: this DC's in mode own."""
         try:
-            return cls(make_engine(url, tls=tls))
+            return cls(make_engine(url, tls=tls), slot=slot)
         except SQLAlchemyError as exc:
             raise BackendUnavailable(
                 f"database: cannot open {hide_password(url)!r}: {type(exc).__name__}") from exc
@@ -193,8 +199,9 @@ class SegmentStore:
     ) -> TagRow:
         """Register a tag whose first ID will be ``start``: by default 1, or, for a name
         that was removed before, the first ID the removed tag never allocated, or one above
-        what its ``guard`` (``TABLE.COLUMN``, docs/design.md §7.3) reads. An explicit
-        ``start`` below either is refused (it would repeat IDs)."""
+        what its ``guard`` (``TABLE.COLUMN``, docs/design.md §7.3) reads; in mode own
+        the DC's slot's start + 1 at least. An explicit ``start`` below any of these is
+        refused (it would repeat IDs), and so is one whose first segment leaves the slot."""
         validate_tag(tag)
         validate_step(step)
         if start is not None:
@@ -207,13 +214,17 @@ class SegmentStore:
 
         def insert(conn: Connection) -> None:
             mark = self._retired(conn, tag)
-            low = counter.lowest(0, mark, counter.Stored(guard or "", stored))
+            low = counter.lowest(0, mark, counter.Stored(guard or "", stored), self.slot)
             first = low.value if start is None else start
             if first < low.value:
                 raise InvalidArgument(
                     "start", start, f"at least {low.value}: {low.why}; leave --start out to "
                                     f"begin at {low.value}")
             validate_start(first, step)
+            if self.slot is not None and first + step > self.slot.end:
+                raise InvalidArgument(
+                    "start", first, f"at most {self.slot.end - step} so one step of {step} "
+                                    f"fits in {self.slot} (LEAFPOOL_DC_SEGMENTS=own)")
             conn.execute(leaf_alloc.insert().values(
                 biz_tag=tag, max_id=first, step=step, description=description))
             self._refuse_if_in(conn, snowflake_tag, tag)
@@ -285,23 +296,32 @@ class SegmentStore:
         :class:`CounterBehind` is raised and nothing is written. The row is read with
         its lock held until the commit, so no other writer changes it in between
         (docs/design.md §7.3). An advance that would pass 2**63 - 1 raises
-        :class:`SegmentExhausted` and writes nothing.
+        :class:`SegmentExhausted` and writes nothing. In mode own (``slot``) the slot's
+        first ID is one more floor (a counter below it is healed up into it), and a
+        counter in another DC's slot or a step past the slot's end raises
+        :class:`OutsideDcSlot` and writes nothing (docs/design.md §12.3).
         """
         self._ensure_own_tables(retired_tag, what=f"{tag}: allocate")
         started = self._monotonic()
         with self._tx(f"{tag}: allocate") as conn:
             row = counter.lock_row(conn, tag)
+            slot = self.slot
+            if slot is not None:  # another DC's counter: refused, never moved
+                slot.check_counter(tag, row.max_id)
             retired = self._retired(conn, tag)
             # the pool has no mark (a new or wiped Redis): the guard is read
             stored = self._guard_reading(conn, tag) if floor <= 0 else None
-            low = counter.lowest(floor, retired, stored)
+            low = counter.lowest(floor, retired, stored, slot)
             if row.max_id < low.value and floor > 0:  # and before a heal
-                low = counter.lowest(floor, retired, self._guard_reading(conn, tag))
+                low = counter.lowest(floor, retired, self._guard_reading(conn, tag), slot)
             behind = row.max_id < low.value
             if behind and not heal:
                 raise CounterBehind(tag, row.max_id, low.value, low.why)
             step = self._step(tag, rule, row.step)
-            max_id = counter.advance(conn, tag, max(row.max_id, low.value), step)
+            start = max(row.max_id, low.value)
+            if slot is not None:
+                slot.check_fits(tag, row.max_id, start, step)
+            max_id = counter.advance(conn, tag, start, step)
         took = (self._monotonic() - started) * 1000
         if behind:
             log.warning("%s: leaf_alloc.max_id=%d was below %d, the first ID this tag "
