@@ -25,6 +25,7 @@ Retrying after a lost reply (the script may or may not have run):
   counts twice).
 - ``drop``: safe; a repeat finds no state and returns 1 again.
 - ``trim_reserve``: safe; a repeat drops only head ranges that still meet its conditions.
+- ``spill_reserve``: safe; a repeat of a chunk that went through finds the head moved (-2).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ BELOW_RESERVE_TAIL = -5
 OUTSIDE_HEAD = -6
 NOT_DECIMAL = -7
 INCONSISTENT = -8
+LOCK_HELD = -9  # spill_reserve: a refill lock exists
+LIST_FILLED = -10  # spill_reserve: the list holds as many IDs as the caller's bound
 
 REFUSALS = {
     LOCK_LOST: "the refill lock is not held with this token",
@@ -54,6 +57,8 @@ REFUSALS = {
     NOT_DECIMAL: "a value is not a canonical non-negative decimal",
     INCONSISTENT: "the arguments are inconsistent: a value the script writes does not "
                   "follow from the IDs or range it hands out or adds",
+    LOCK_HELD: "the tag's refill lock exists (a refill fills the list)",
+    LIST_FILLED: "the list holds as many IDs as the bound given (filled meanwhile)",
 }
 
 # Refusals a client taking from the reserve may retry: the state it read has moved on.
