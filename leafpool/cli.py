@@ -262,17 +262,24 @@ def decode(
     snowflake_id: Annotated[str, typer.Argument(metavar="ID", help="A snowflake ID")],
     as_json: Annotated[bool, typer.Option("--json", help="JSON output")] = False,
 ) -> None:
-    """Decode a snowflake ID: timestamp (ms and ISO 8601), worker ID, sequence."""
+    """Decode a snowflake ID: timestamp (ms and ISO 8601), worker ID, its DC, sequence.
+
+    The DC is the worker ID's range under this process's LEAFPOOL_DC_COUNT (the ID does
+    not carry the count): worker_id // (1024 / LEAFPOOL_DC_COUNT)."""
+    from leafpool.core.snowflake_layout import dc_of
     from leafpool.core.snowflake_layout import decode as decode_id
 
-    d = decode_id(snowflake_id, get_settings().snowflake_epoch)
+    settings = get_settings()
+    d = decode_id(snowflake_id, settings.snowflake_epoch)
+    dc = dc_of(d.worker_id, settings.dc_count)
     if as_json:
         out.print_json(json.dumps({"id": snowflake_id, "timestamp_ms": d.timestamp_ms,
-                                   "iso": d.iso, "worker_id": d.worker_id,
-                                   "sequence": d.sequence}))
+                                   "iso": d.iso, "worker_id": d.worker_id, "dc": dc,
+                                   "dc_count": settings.dc_count, "sequence": d.sequence}))
         return
-    out.print(f"timestamp {d.timestamp_ms} ({d.iso})  worker {d.worker_id}  "
-              f"sequence {d.sequence}", highlight=False)
+    out.print(f"timestamp {d.timestamp_ms} ({d.iso})  worker {d.worker_id}  dc {dc} "
+              f"(of LEAFPOOL_DC_COUNT={settings.dc_count})  sequence {d.sequence}",
+              highlight=False)
 
 
 def _resolvable_host(host: str | None) -> str | None:

@@ -128,6 +128,11 @@ def test_decode_agrees_with_leafs_decoder(cli: Run) -> None:
     assert (decoded["timestamp_ms"], decoded["worker_id"], decoded["sequence"]) == (
         1567733700834, 39, 3448)
     assert decoded["iso"].startswith("2019-09-06T01:35:00.834")
+    assert (decoded["dc"], decoded["dc_count"]) == (0, 1)
+    # the DC is the worker ID's range under this process's LEAFPOOL_DC_COUNT: 39 // 32 = 1
+    many = cli("decode", str(snowflake_id), env={"LEAFPOOL_DC_COUNT": "32"})
+    assert many.returncode == 0, many.stderr
+    assert "worker 39  dc 1 (of LEAFPOOL_DC_COUNT=32)" in many.stdout
     for bad_id in ("x12", str(2**63)):
         bad = cli("decode", bad_id)
         assert bad.returncode == 2 and f"id='{bad_id}' is not valid" in bad.stderr

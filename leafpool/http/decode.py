@@ -1,7 +1,9 @@
 """Snowflake ID decoding: ``GET /decodeSnowflakeId?snowflakeId=N`` answers Leaf's JSON
 shape (``timestamp`` "ms(yyyy-MM-dd HH:mm:ss.SSS)" in the server's local time,
-``workerId``, ``sequenceId``, all strings); ``GET /api/snowflake/decode/{id}`` answers
-clean JSON (token-protected like every ``/api/*`` path)."""
+``workerId``, ``sequenceId``, all strings, nothing added); ``GET /api/snowflake/decode/{id}``
+answers clean JSON (token-protected like every ``/api/*`` path), with the worker ID's DC
+under this process's ``LEAFPOOL_DC_COUNT`` (``dc``, ``dc_count``: the ID does not carry the
+count; docs/design.md §12.1)."""
 
 from __future__ import annotations
 
@@ -51,8 +53,11 @@ async def decode_json(request: Request) -> Response:
     except (HttpError, InvalidInput) as exc:
         return json_error(http_error(exc, svc.retry_after))
     canonical = raw.strip().lstrip("0") or "0"  # str(int(raw)); int() refuses 4,300 digits
+    dc_count = svc.settings.dc_count
     return JSONResponse({"id": canonical, "timestamp_ms": d.timestamp_ms, "iso": d.iso,
-                         "worker_id": d.worker_id, "sequence": d.sequence,
+                         "worker_id": d.worker_id,
+                         "dc": snowflake_layout.dc_of(d.worker_id, dc_count),
+                         "dc_count": dc_count, "sequence": d.sequence,
                          "epoch_ms": svc.settings.snowflake_epoch})
 
 

@@ -106,12 +106,19 @@ def schemas(max_count: int) -> Schema:
         },
         "Decoded": {
             "type": "object", "additionalProperties": False,
-            "required": ["id", "timestamp_ms", "iso", "worker_id", "sequence", "epoch_ms"],
+            "required": ["id", "timestamp_ms", "iso", "worker_id", "dc", "dc_count",
+                         "sequence", "epoch_ms"],
             "properties": {
                 "id": id_string,
                 "timestamp_ms": {"type": "integer", "description": "Unix time, ms"},
                 "iso": {"type": "string", "description": "the timestamp, ISO 8601 UTC"},
                 "worker_id": {"type": "integer", "minimum": 0},
+                "dc": {"type": "integer", "minimum": 0,
+                       "description": "the DC whose range holds the worker ID: worker_id // "
+                                      "(1024 / dc_count); the ID does not carry the count, "
+                                      "this server's LEAFPOOL_DC_COUNT gives it"},
+                "dc_count": {"type": "integer", "minimum": 1,
+                             "description": "LEAFPOOL_DC_COUNT of this server"},
                 "sequence": {"type": "integer", "minimum": 0},
                 "epoch_ms": {"type": "integer", "description": "LEAFPOOL_SNOWFLAKE_EPOCH"},
             },

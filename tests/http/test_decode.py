@@ -45,7 +45,8 @@ def test_clean_decode_round_trips(client: TestClient) -> None:
     assert resp.status_code == 200
     assert resp.json() == {
         "id": str(LEAF_ID), "timestamp_ms": LEAF_TS, "iso": "2019-09-06T01:35:00.834Z",
-        "worker_id": LEAF_WORKER, "sequence": LEAF_SEQ, "epoch_ms": LEAF_EPOCH,
+        "worker_id": LEAF_WORKER, "dc": 0, "dc_count": 1, "sequence": LEAF_SEQ,
+        "epoch_ms": LEAF_EPOCH,
     }
     compose = snowflake_layout.compose
     for ts, worker, seq in [(LEAF_EPOCH, 0, 0), (LEAF_TS, 1023, 4095), (LEAF_TS + 1, 7, 99)]:
@@ -69,3 +70,18 @@ def test_leaf_decode_without_the_parameter_is_400(client: TestClient) -> None:
     resp = client.get("/decodeSnowflakeId")
     assert resp.status_code == 400
     assert resp.json() == {"errorMsg": "snowflakeId is required"}
+
+
+def test_clean_decode_names_the_dc_under_this_server_s_dc_count(
+    make_settings: Callable[..., Settings]
+) -> None:
+    """The DC is the worker ID's range under the server's LEAFPOOL_DC_COUNT (the ID does
+    not carry the count): with 4 DCs worker 39 is DC 0's, worker 700 DC 2's (512..767);
+    Leaf's shape gains nothing."""
+    compose = snowflake_layout.compose
+    with TestClient(create_app(make_settings(dc_count=4, dc_id=1))) as four:
+        for worker, dc in [(39, 0), (255, 0), (256, 1), (700, 2), (1023, 3)]:
+            got = four.get(f"/api/snowflake/decode/{compose(LEAF_TS, worker, 5)}").json()
+            assert (got["worker_id"], got["dc"], got["dc_count"]) == (worker, dc, 4)
+        leaf = four.get("/decodeSnowflakeId", params={"snowflakeId": str(LEAF_ID)}).json()
+        assert sorted(leaf) == ["sequenceId", "timestamp", "workerId"]
