@@ -6,9 +6,10 @@ noise hits both alike, on one redis-server and then on a 3-master Redis Cluster 
 (no replicas), each with the shipped ``ops/redis/redis.conf`` (``appendfsync always``):
 
 - **limit**: four client processes call ``Client.next_ids(tag, 100)`` as fast as they can,
-  each cycling over the tags, from lists pre-filled (outside the timed part, by a Lua
-  script, then an AOF rewrite waited out) with more IDs than the run takes, nothing
-  refilling: the Redis limit of these clients on this machine;
+  each cycling over the tags, from lists pre-filled (outside the timed part: restored
+  from the ``DUMP`` of a list a Lua loop filled once, then an AOF rewrite waited out)
+  with more IDs than the run takes, nothing refilling: the Redis limit of these clients
+  on this machine;
 - **pipeline**: the same clients with the ``wait`` policy on tags of a real
   ``celery -A workers worker -B -c 2`` with the shipped defaults (the drop watcher in the
   beat on one Redis; the sweep every second on a Cluster, where the watcher does not run),
@@ -33,7 +34,6 @@ import os
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -63,17 +63,17 @@ CORES = os.cpu_count() or 1
 @dataclass(frozen=True)
 class PipelineSizes:
     rounds: int = 3
-    limit_s: float = 3.0  # the limit arm's timed window
-    warm_s: float = 8.0  # the pipeline arm's warm-up
+    limit_s: float = 2.0  # the limit arm's timed window
+    warm_s: float = 10.0  # the pipeline arm's warm-up
     measure_s: float = 5.0  # the pipeline arm's measured window
-    fill_rate: int = 8_000_000  # IDs/s the first limit round's fill is sized for
+    fill_rate: int = 6_000_000  # IDs/s the limit arm's lists are sized for (x 1.3)
     cluster: bool = True
     single_tags: int = 4
     tags_per_master: int = 2
 
 
 FULL = PipelineSizes()
-QUICK = PipelineSizes(rounds=2, limit_s=2.0, warm_s=5.0, measure_s=3.0)
+QUICK = PipelineSizes(rounds=2, limit_s=1.5, warm_s=8.0, measure_s=3.0)
 SMOKE = PipelineSizes(rounds=1, limit_s=0.3, warm_s=0.5, measure_s=0.5, fill_rate=500_000,
                       single_tags=2, tags_per_master=1)
 
@@ -296,7 +296,7 @@ end
 if n > 0 then redis.call('RPUSH', key, unpack(t)) end
 return redis.call('LLEN', key)
 """
-FILL_CALL = 1_000_000  # IDs per script call (Redis is busy this long: ~0.2 s)
+FILL_CALL = 200_000  # IDs per script call (Redis is busy ~0.2 s on a quiet machine)
 
 
 @dataclass
@@ -313,33 +313,32 @@ class Rig:
     log: Path
 
 
-def _fill(rig: Rig, per_tag: int) -> float:
-    """The limit arm's lists, each ``per_tag`` IDs, filled by a Lua loop on its node (tags
-    in parallel threads), then an AOF rewrite on every node waited out: the timed window
-    sees neither. Returns the seconds it took."""
+def template(rig: Rig, per_tag: int) -> bytes:
+    """One list of ``per_tag`` IDs filled by a Lua loop on its node, as ``DUMP`` serializes
+    it: each limit round restores it into every tag's list (the same IDs in each: only
+    the pops are measured)."""
+    key = f"{LIMIT_PREFIX}:{{template}}:ids"
+    node = rig.node_of(key)
+    node.delete(key)
+    script = node.register_script(FILL_LUA)
+    for lo in range(FIRST_ID, FIRST_ID + per_tag, FILL_CALL):
+        script(keys=[key], args=[lo, min(lo + FILL_CALL, FIRST_ID + per_tag)])
+    payload = node.dump(key)
+    node.unlink(key)
+    assert isinstance(payload, bytes)
+    return payload
+
+
+def _fill(rig: Rig, payload: bytes) -> float:
+    """The limit arm's lists, restored from ``payload`` (a memory copy of its listpacks),
+    then an AOF rewrite on every node waited out (``RESTORE`` writes the whole payload
+    into the AOF): the timed window sees neither. Returns the seconds it took."""
     from leafpool.redis.pool import Pool
 
     t0 = time.perf_counter()
-    errors: list[BaseException] = []
-
-    def one(tag: str) -> None:
-        try:
-            key = f"{LIMIT_PREFIX}:{{{tag}}}:ids"
-            node = rig.node_of(key)
-            node.delete(key)
-            script = node.register_script(FILL_LUA)
-            for lo in range(FIRST_ID, FIRST_ID + per_tag, FILL_CALL):
-                script(keys=[key], args=[lo, min(lo + FILL_CALL, FIRST_ID + per_tag)])
-        except BaseException as exc:  # raised below, in the caller's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(tag,)) for tag in rig.tags]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    for tag in rig.tags:
+        key = f"{LIMIT_PREFIX}:{{{tag}}}:ids"
+        rig.node_of(key).restore(key, 0, payload, replace=True)
     for tag in rig.tags:  # known to the pool: an empty list says "empty", not "unknown"
         Pool(rig.admin, LIMIT_PREFIX).register(tag, "segment", 0)
     for node in rig.nodes:
@@ -483,9 +482,8 @@ class ArmRound:
     empty_hits: int = 0  # pipeline: the tags' empty_hits during the whole round
 
 
-def limit_round(rig: Rig, sizes: PipelineSizes, fill_rate: float) -> ArmRound:
-    per_tag = int(fill_rate * sizes.limit_s * 1.3 / len(rig.tags)) + BATCH * CLIENTS
-    fill_s = _fill(rig, per_tag)
+def limit_round(rig: Rig, sizes: PipelineSizes, payload: bytes) -> ArmRound:
+    fill_s = _fill(rig, payload)
     try:
         run = run_clients(rig.conf, LIMIT_PREFIX, rig.tags, "raise", [sizes.limit_s],
                           rig.watched)
@@ -501,7 +499,13 @@ def limit_round(rig: Rig, sizes: PipelineSizes, fill_rate: float) -> ArmRound:
 
 
 def _tag_sums(rig: Rig, name: str) -> int:
-    return sum(int(rig.admin.hget(f"{PIPE_PREFIX}:{{{t}}}:state", name) or 0) for t in rig.tags)
+    """``name`` added up over the tags: a field of the state the refills write
+    (``pushed_total``) or of the hits the clients count (``empty_hits``)."""
+    from leafpool.redis.pool import Pool
+
+    pool = Pool(rig.admin, PIPE_PREFIX)
+    return sum(int(rig.admin.hget(pool.tag(t).hits if name == "empty_hits" else
+                                  pool.tag(t).state, name) or 0) for t in rig.tags)
 
 
 def pipeline_round(rig: Rig, sizes: PipelineSizes) -> ArmRound:
@@ -548,12 +552,14 @@ class TopologyResult:
 
 def measure(rig: Rig, sizes: PipelineSizes, console: Console) -> TopologyResult:
     result = TopologyResult(rig.name, len(rig.tags))
-    fill_rate = float(sizes.fill_rate)
+    per_tag = int(sizes.fill_rate * sizes.limit_s * 1.3 / len(rig.tags)) + BATCH * CLIENTS
+    t0 = time.perf_counter()
+    payload = template(rig, per_tag)
+    console.print(f"  {rig.name}: the limit arm's list of {per_tag:,} IDs a tag built in "
+                  f"{time.perf_counter() - t0:.1f} s", highlight=False)
     for n in range(sizes.rounds):
         console.print(f"  {rig.name}: round {n + 1}/{sizes.rounds}", highlight=False)
-        limit = limit_round(rig, sizes, fill_rate)
-        result.limit.append(limit)
-        fill_rate = max(fill_rate, limit.ids_per_s * 1.5)
+        result.limit.append(limit_round(rig, sizes, payload))
         result.pipeline.append(pipeline_round(rig, sizes))
     return result
 
@@ -583,7 +589,8 @@ def rounds_table(res: TopologyResult) -> Table:
     for n, (lim, pipe) in enumerate(zip(res.limit, res.pipeline, strict=True), 1):
         for arm, r in (("limit", lim), ("pipeline", pipe)):
             empties = (f"{r.empty_warm} ({r.waited_warm_s:.2f}) / {r.empty_measured} "
-                       f"({r.waited_measured_s:.2f})" if arm == "pipeline"
+                       f"({r.waited_measured_s:.2f}); empty_hits {r.empty_hits}"
+                       if arm == "pipeline"
                        else f"- (ran dry: {r.dry})")
             t.add_row(str(n), arm, _r(r.ids_per_s), empties, f"{r.pool_empty} / {r.errors}",
                       _r(r.pushed_per_s) if arm == "pipeline" else "-",
