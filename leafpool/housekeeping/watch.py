@@ -25,6 +25,17 @@ plain ``LPOP`` of an empty list writes nothing either. So a refill task that can
 tag for the marker's few seconds and a heartbeat, not until the sweep (docs/design.md
 §3.7).
 
+A segment tag read below its low-water mark while no refill holds it gets IDs from its
+reserve at once (:class:`~leafpool.redis.spill.ReserveSpill`, ``spill_reserve.lua``): up
+to its target, or the watcher's recent rate for ``SPILL_SECONDS`` when that is more, at
+most ``MAX_SPILL``; then its refill is queued as before. Those IDs were allocated already
+(the reserve, docs/design.md §3.8), so the move asks no database and waits for no Celery
+worker: a 500x demand step no longer drains the list in the 30-50 ms between the pop that
+crosses the mark and the refill's first push. The script is refused while the tag's
+refill lock exists and is fenced like a refill's push (the reserve head, the high-water
+mark), so the pool stays strictly increasing and no ID is pushed twice (docs/design.md
+§3.7).
+
 On a Redis Cluster tracking is per node connection and the tags are spread over nodes:
 the watcher does not run there (:func:`supported`), and the sweep runs every
 ``LEAFPOOL_SWEEP_SECONDS`` as without it.
@@ -48,6 +59,7 @@ from leafpool.core.errors import LeafpoolError
 from leafpool.housekeeping.sweep import QUEUED_SECONDS, Due, due_tags, note_dry, queue_due
 from leafpool.redis.connect import is_cluster
 from leafpool.redis.pool import Level, Pool
+from leafpool.redis.spill import ReserveSpill
 from leafpool.redis.tracking import Tracking
 from leafpool.refill.sizing import RecentRate
 
@@ -57,6 +69,13 @@ HEARTBEAT_SECONDS = 1.0
 RECONNECT_SECONDS = 0.5
 #: a tag is read again this long after its queued marker's end (Redis has expired it)
 MARKER_MARGIN_SECONDS = 0.02
+#: a tag below its low-water mark gets from its reserve, at once, up to its target or
+#: the rate the watcher saw for this long, whichever is more: the refill queued lands
+#: within tens of milliseconds, so a second leaves a wide margin (a loaded machine, a
+#: queue with other tasks in it) and the next crossing moves more
+SPILL_SECONDS = 1.0
+#: at most this many IDs a move (100 chunks, one round trip; about 0.5 MB of Redis)
+MAX_SPILL = 100_000
 
 
 def supported(pool: Pool) -> bool:
@@ -71,6 +90,8 @@ class WatchStats:
     invalidations: int = 0
     reads: int = 0  # tags read after an invalidation
     queued: int = 0  # refills handed to on_due
+    spills: int = 0  # moves from a reserve into a list that pushed IDs
+    spilled: int = 0  # IDs they pushed
 
 
 class DropWatcher:
@@ -88,10 +109,17 @@ class DropWatcher:
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         outgrown: Callable[[Level, float], bool] | None = None,
+        spill: bool = True,
+        chunk: int = 1000,
+        spill_seconds: float = SPILL_SECONDS,
+        max_spill: int = MAX_SPILL,
     ) -> None:
         """``outgrown(level, rate)``: whether a tag's pool is too small for the rate the
         watcher sees (then it queues a forced refill, which sizes by that rate); None:
-        only drops below the low-water mark count."""
+        only drops below the low-water mark count. ``spill``: move reserve IDs into the
+        list of a segment tag read below its low-water mark (``chunk`` IDs a script call,
+        at most ``max_spill``; the rate seen times ``spill_seconds`` or up to the
+        target)."""
         if not supported(pool):
             raise LeafpoolError("the drop watcher does not run on a Redis Cluster")
         self.pool = pool
@@ -100,6 +128,9 @@ class DropWatcher:
         self.queued_seconds = queued_seconds
         self.stats = WatchStats()
         self._outgrown = outgrown
+        self._spill = ReserveSpill(pool, chunk) if spill else None
+        self.spill_seconds = spill_seconds
+        self.max_spill = max_spill
         self._monotonic = monotonic
         self._wall = wall
         self._stop = threading.Event()
@@ -232,6 +263,7 @@ class DropWatcher:
             if lv.known:
                 recent = self._rates.setdefault(lv.tag, RecentRate())
                 rates[lv.tag] = recent.add(now, lv.consumed)
+        self._spill_below(levels, rates)
         due = due_tags(levels, wanted)
         if self._outgrown is not None:
             listed = {d.tag for d in due}
@@ -264,6 +296,32 @@ class DropWatcher:
             at = now + ends.get(tag, HEARTBEAT_SECONDS) + MARKER_MARGIN_SECONDS
             self._recheck[tag] = at
             self._next_end = min(self._next_end, at)
+
+    def _spill_below(self, levels: list[Level], rates: dict[str, float]) -> None:
+        """Move reserve IDs into the list of each segment tag read below its low-water
+        mark with no refill lock (docs/design.md §3.7), before its refill is queued. A
+        move refused (a refill took the lock, the list was filled meanwhile, the head
+        moved) or failed changes nothing: the refill queued next fills the list."""
+        spill = self._spill
+        if spill is None:
+            return
+        now_ms = int(self._wall() * 1000)
+        for lv in levels:
+            if not (lv.known and lv.mode == "segment" and not lv.locked
+                    and 0 <= lv.length < lv.low_water):
+                continue
+            by_rate = math.ceil(rates.get(lv.tag, 0.0) * self.spill_seconds)
+            count = min(self.max_spill, max(lv.target - lv.length, by_rate))
+            try:
+                done = spill.move(lv.tag, count, lv.low_water, now_ms)
+            except LeafpoolError as exc:  # the refill queued next fills it
+                log.warning("%s: reserve not moved into the list: %s", lv.tag, exc)
+                continue
+            if done.moved:
+                self.stats.spills += 1
+                self.stats.spilled += done.moved
+                log.debug("%s: moved %d reserve IDs into the list (%d -> %d)",
+                          lv.tag, done.moved, lv.length, done.length)
 
     def _markers_ended(self, now: float) -> set[str]:
         """The tags whose marker has ended by ``now``, taken off the list (read again, a

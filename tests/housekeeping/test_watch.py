@@ -347,3 +347,114 @@ def test_the_pop_that_takes_the_last_id_marks_the_tag_dry_at_once(
     services.wait_until(lambda: r.hget("leafpool:{order}:state", "dry_events") == b"1",
                         WAIT, "no longer dry")
     assert r.hget("leafpool:{order}:state", "dry_since_ms") == b""
+
+
+def with_reserve(pool: Pool, r: redis.Redis, tag: str, n: int = 10, low_water: int = 5,
+                 ranges: tuple[str, ...] = ("11:2011",)) -> None:
+    """:func:`filled`, with reserve ranges above the list (the high-water mark at ``n``)."""
+    filled(pool, r, tag, n, low_water)
+    k = pool.tag(tag)
+    pipe = r.pipeline(transaction=True)
+    pipe.rpush(k.reserve, *ranges)
+    pipe.hset(k.state, "hwm", n)
+    pipe.execute()
+
+
+def test_a_drop_below_low_water_moves_reserve_ids_into_the_list_before_queueing(
+    pool: Pool, r: redis.Redis
+) -> None:
+    """docs/design.md §3.7: the watcher fills the list from the reserve at once, up to
+    its target (or the rate it saw for a second), and then queues the refill; the IDs
+    are the reserve's head, in order after the list."""
+    with_reserve(pool, r, "order", n=10, low_water=5)
+    lengths: list[int] = []
+    queued = Queued(lambda due: lengths.append(int(r.llen(pool.tag(due.tag).ids))))
+    w = DropWatcher(pool, queued, interval_s=0.005).start()
+    try:
+        assert w.ready.wait(WAIT)
+        assert r.lpop("leafpool:{order}:ids", 6) == [b"1", b"2", b"3", b"4", b"5", b"6"]
+        services.wait_until(lambda: queued.tags() == ["order"], WAIT, "refill queued")
+    finally:
+        w.stop()
+    # 4 left, target 10: 6 moved before the refill was queued (no rate seen over a
+    # second yet: the target decides)
+    assert lengths == [10] and w.stats.spills == 1 and w.stats.spilled == 6
+    assert r.lrange("leafpool:{order}:ids", 0, -1) == [str(i).encode() for i in range(7, 17)]
+    assert r.lrange("leafpool:{order}:reserve", 0, -1) == [b"17:2011"]
+    state = r.hgetall("leafpool:{order}:state")
+    assert state[b"hwm"] == b"16" and state[b"pushed_total"] == b"16"
+    assert state[b"watch_pushed"] == b"6"
+
+
+def test_a_move_takes_the_rate_seen_for_a_second_when_that_is_more_than_the_target(
+    pool: Pool, r: redis.Redis, queued: Queued
+) -> None:
+    with_reserve(pool, r, "fast", n=10, low_water=5)
+    clock = [0.0]
+    w = DropWatcher(pool, queued, interval_s=0.005, monotonic=lambda: clock[0]).start()
+    try:
+        assert w.ready.wait(WAIT)  # its full pass: the first sample, 0 consumed at 0 s
+        clock[0] = 1.0
+        pipe = r.pipeline(transaction=True)  # one write heard: 1,006 IDs taken in 1 s
+        pipe.lpop("leafpool:{fast}:ids", 6)
+        pipe.rpush("leafpool:{fast}:ids", *range(100, 1100))  # (as if pushed)
+        pipe.hincrby("leafpool:{fast}:state", "pushed_total", 1000)
+        pipe.lpop("leafpool:{fast}:ids", 1000)
+        pipe.execute()
+        services.wait_until(lambda: queued.tags() == ["fast"], WAIT, "refill queued")
+    finally:
+        w.stop()
+    # 1,006/s for a second: more than the 10 - 4 = 6 the target asks
+    assert w.stats.spilled == 1006 and r.llen("leafpool:{fast}:ids") == 1010
+
+
+def test_a_tag_whose_refill_holds_the_lock_gets_no_move(
+    pool: Pool, r: redis.Redis, queued: Queued
+) -> None:
+    """A refill holding the lock fills the list; a lock written on a former master (the
+    watcher queues its refill at once, §3.1) is refused by the script itself: the watcher
+    writes under no token, so it never writes while any lock exists."""
+    with_reserve(pool, r, "busy")
+    with_reserve(pool, r, "moved")
+    assert pool.refill_lock("busy", 60_000).acquire()
+    r.set("leafpool:{moved}:lock", b"c3@" + b"0" * 40, px=60_000)
+    w = DropWatcher(pool, queued, interval_s=0.005).start()
+    try:
+        assert w.ready.wait(WAIT)
+        reads = w.stats.reads
+        r.lpop("leafpool:{busy}:ids", 6)
+        r.lpop("leafpool:{moved}:ids", 6)
+        services.wait_until(lambda: queued.tags() == ["moved"], WAIT, "queued, no move")
+        services.wait_until(lambda: w.stats.reads >= reads + 2, WAIT, "both read")
+    finally:
+        w.stop()
+    assert w.stats.spills == 0
+    for tag in ("busy", "moved"):
+        assert r.llen(f"leafpool:{{{tag}}}:ids") == 4
+        assert r.lrange(f"leafpool:{{{tag}}}:reserve", 0, -1) == [b"11:2011"]
+        assert r.hget(f"leafpool:{{{tag}}}:state", "watch_pushed") is None
+
+
+def test_no_move_for_a_snowflake_tag_or_without_a_reserve_or_when_turned_off(
+    pool: Pool, r: redis.Redis, queued: Queued
+) -> None:
+    with_reserve(pool, r, "flake")
+    r.hset("leafpool:{flake}:state", "mode", "snowflake")
+    filled(pool, r, "bare")  # no reserve
+    with_reserve(pool, r, "off")
+    w = DropWatcher(pool, queued, interval_s=0.005).start()
+    try:
+        assert w.ready.wait(WAIT)
+        r.lpop("leafpool:{flake}:ids", 6)
+        r.lpop("leafpool:{bare}:ids", 6)
+        services.wait_until(lambda: sorted(queued.tags()) == ["bare", "flake"], WAIT, "queued")
+    finally:
+        w.stop()
+    w = DropWatcher(pool, queued, interval_s=0.005, spill=False).start()
+    try:
+        assert w.ready.wait(WAIT)
+        r.lpop("leafpool:{off}:ids", 6)
+        services.wait_until(lambda: "off" in queued.tags(), WAIT, "queued")
+    finally:
+        w.stop()
+    assert [r.llen(f"leafpool:{{{t}}}:ids") for t in ("flake", "bare", "off")] == [4, 4, 4]

@@ -22,6 +22,7 @@ from leafpool.core.config import load_settings
 from leafpool.core.errors import ConfigurationError, PoolEmpty
 from leafpool.housekeeping.sweep import sweep
 from leafpool.housekeeping.sync import sync_tags
+from leafpool.housekeeping.watch import DropWatcher
 from leafpool.metrics import make_registry, render
 from leafpool.redis import acl, scripts
 from leafpool.redis.connect import connect
@@ -156,6 +157,35 @@ def test_the_reserve_policy_is_refused_at_start_for_the_app_role(
     Client(settings=worker, policy="reserve").close()  # a role that may: no refusal
 
 
+def test_the_drop_watchers_move_runs_under_the_worker_role_and_not_the_apps(
+    acl_server: services.Server, root: redis.Redis, sqlite_url: str
+) -> None:
+    """The watcher runs in the beat under the worker role: its move of reserve IDs into a
+    list (spill_reserve.lua, docs/design.md §3.7) is within that role; the app role may
+    not run it."""
+    refiller, pool, store = _worker(acl_server, sqlite_url)
+    store.add_tag(TAG, step=1000)
+    sync_tags(pool, store)
+    assert refiller.refill(TAG).pushed == 100  # and 900 IDs left in the reserve
+    app = redis.Redis.from_url(_url(acl_server, "app"))
+    ids = f"leafpool:{{{TAG}}}:ids"
+    assert len(app.lpop(ids, 60) or []) == 60  # 40 left: below low-water (50)
+    watcher = DropWatcher(pool, lambda due: None, interval_s=0.005).start()
+    try:  # its full pass reads the tag below low-water: the move
+        services.wait_until(lambda: watcher.stats.spills == 1, 10.0, "reserve moved")
+    finally:
+        watcher.stop()
+    assert root.llen(ids) == 100 and root.hget(f"leafpool:{{{TAG}}}:state",
+                                               "watch_pushed") == b"60"
+    assert _denials(root) == []
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        app.evalsha(scripts.sha1("spill_reserve"), 4, ids, f"leafpool:{{{TAG}}}:reserve",
+                    f"leafpool:{{{TAG}}}:state", f"leafpool:{{{TAG}}}:lock",
+                    "1001:2001", "1002:2001", "1", "100", "1001")
+    assert root.llen(ids) == 100
+    app.close()
+
+
 # -- an application holding the app role, careless or hostile -------------------------------
 
 
@@ -169,7 +199,7 @@ def _attempts(key: str) -> list[tuple[object, ...]]:
     """Every command the app role may send, and a few it may not, with hostile
     arguments, against ``key``."""
     sha = [scripts.sha1(name) for name in ("push_ids", "take_reserve", "record", "drop",
-                                           "lock_acquire", "lock_release")]
+                                           "lock_acquire", "lock_release", "spill_reserve")]
     return [
         ("LPOP", key), ("LPOP", key, 100_000), ("BLPOP", key, "0.01"),
         ("SISMEMBER", key, TAG), ("SADD", key, TAG, "junk", "{x}"),
