@@ -384,6 +384,7 @@ def test_a_drop_below_low_water_moves_reserve_ids_into_the_list_before_queueing(
     state = r.hgetall("leafpool:{order}:state")
     assert state[b"hwm"] == b"16" and state[b"pushed_total"] == b"16"
     assert state[b"watch_pushed"] == b"6"
+    assert state[b"reserve_due"] == b"1"  # due until a refill replaces what it gave
 
 
 def test_a_move_takes_the_rate_seen_for_a_second_when_that_is_more_than_the_target(
@@ -458,3 +459,25 @@ def test_no_move_for_a_snowflake_tag_or_without_a_reserve_or_when_turned_off(
     finally:
         w.stop()
     assert [r.llen(f"leafpool:{{{t}}}:ids") for t in ("flake", "bare", "off")] == [4, 4, 4]
+
+
+def test_a_tag_whose_refill_never_starts_after_a_move_is_queued_again(
+    pool: Pool, r: redis.Redis, queued: Queued
+) -> None:
+    """The move lifts the list above its low-water mark, but the refill queued after it
+    (to replace what the reserve gave, and to resize the pool) may never run: the move
+    marks the reserve due, so the tag stays due and is queued again when the marker ends
+    (docs/design.md §3.7), as without the move."""
+    with_reserve(pool, r, "order")
+    w = DropWatcher(pool, queued, interval_s=0.005, queued_seconds=60).start()
+    try:
+        assert w.ready.wait(WAIT)
+        r.lpop("leafpool:{order}:ids", 6)
+        services.wait_until(lambda: queued.tags() == ["order"], WAIT, "refill queued")
+        assert r.llen("leafpool:{order}:ids") == 10  # moved: above low-water again
+        r.delete("leafpool:{order}:queued")  # the marker ends (as its expiry would)
+        services.wait_until(lambda: queued.tags() == ["order", "order"], WAIT,
+                            "refill queued again")
+    finally:
+        w.stop()
+    assert w.stats.spills == 1

@@ -53,6 +53,7 @@ def test_a_move_pushes_the_reserve_head_in_chunks_and_records_it(
     state = r.hgetall(K.state)
     assert state[b"hwm"] == b"204" and state[b"pushed_total"] == b"10"
     assert state[b"watch_pushed"] == b"10" and state[b"last_push_ms"] == b"1234"
+    assert state[b"reserve_due"] == b"1"  # due until a refill tops the reserve up
 
 
 def test_a_move_is_refused_while_any_refill_lock_exists(pool: Pool, r: redis.Redis) -> None:

@@ -6,7 +6,10 @@
 -- KEYS[1]  ids      list of ready IDs (the public LPOP interface)
 -- KEYS[2]  reserve  list of "start:end" ranges (half-open) not yet pushed
 -- KEYS[3]  state    hash; reads "hwm", writes "hwm", "pushed_total", "last_push_ms",
---                   "watch_pushed" (IDs the watcher moved, a counter)
+--                   "watch_pushed" (IDs the watcher moved, a counter) and "reserve_due" = 1:
+--                   the reserve gave IDs no refill has replaced yet, so the tag stays due
+--                   (the sweep and the watcher queue it again if its refill never runs)
+--                   until a refill records the reserve as it leaves it
 -- KEYS[4]  lock     the tag's refill lock: must not exist (any value)
 -- ARGV[1]  the reserve head the caller read, "start:end"
 -- ARGV[2]  the reserve head after this chunk: "" when the chunk uses the range up (last + 1
@@ -77,7 +80,7 @@ if ARGV[2] == '' then
 else
   redis.call('LSET', KEYS[2], 0, ARGV[2])
 end
-redis.call('HSET', KEYS[3], 'hwm', last, 'last_push_ms', ARGV[3])
+redis.call('HSET', KEYS[3], 'hwm', last, 'last_push_ms', ARGV[3], 'reserve_due', '1')
 redis.call('HINCRBY', KEYS[3], 'pushed_total', #ARGV - 4)
 redis.call('HINCRBY', KEYS[3], 'watch_pushed', #ARGV - 4)
 return len
