@@ -31,17 +31,20 @@ BIGINT in the database and ``str`` in Python.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from sqlalchemy import BigInteger, event, inspect
+from sqlalchemy import BigInteger, Engine, event, inspect
 from sqlalchemy.engine import Dialect
 from sqlalchemy.engine.interfaces import ExecutionContext
 from sqlalchemy.exc import DontWrapMixin
-from sqlalchemy.orm import Mapper, Session, UOWTransaction
+from sqlalchemy.orm import Mapper, ORMExecuteState, Session, UOWTransaction
+from sqlalchemy.sql.dml import Insert
 from sqlalchemy.types import TypeDecorator
 from sqlalchemy.util import await_only
 
@@ -208,6 +211,121 @@ def _ids_before_flush(session: Session, flush_context: UOWTransaction,
             raise _unwrapped(exc) from exc.__cause__
         for obj, value in zip(objs, ids, strict=True):
             setattr(obj, key, default.value(value))
+
+
+# -- ORM bulk INSERT: the IDs set in the rows, the pop under way while the ORM builds them --
+
+BULK_OPTION = "leafpool_bulk_ids"  # marks an ORM bulk INSERT: its IDs, by column key
+
+_bulk_pool: ThreadPoolExecutor | None = None
+_bulk_pool_guard = threading.Lock()
+
+
+def _forget_pool_in_child() -> None:
+    """A forked child has none of its parent's threads: it starts its own pool."""
+    global _bulk_pool, _bulk_pool_guard
+    _bulk_pool, _bulk_pool_guard = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
+def _popper() -> ThreadPoolExecutor:
+    """The threads that run a bulk INSERT's pop while the ORM builds its rows."""
+    global _bulk_pool
+    with _bulk_pool_guard:
+        if _bulk_pool is None:
+            _bulk_pool = ThreadPoolExecutor(max_workers=4,
+                                            thread_name_prefix="leafpool-orm-pop")
+        return _bulk_pool
+
+
+class _BulkIds:
+    """One ORM bulk INSERT's IDs for one column: a pop started when the statement began,
+    handed to its rows (in one or more executes, in row order) as the ORM sends them."""
+
+    def __init__(self, default: IdDefault, rows: int, is_async: bool) -> None:
+        self.default = default
+        self._ids: deque[int] | None = None
+        # the async engine's pop must run on its own loop, in the statement's greenlet
+        self._future: Future[list[int]] | None = None if is_async else (
+            _popper().submit(default.take, rows))
+        self._is_async = is_async
+
+    def take(self, n: int) -> list[int]:
+        """The next ``n`` IDs: the started pop's (waited for once), or a pop of their own
+        if the started one came short (rows the ORM added that were not in the call)."""
+        if self._ids is None:
+            self._ids = deque(self._future.result() if self._future is not None else ())
+        if len(self._ids) < n:
+            return self.default.take(n, self._is_async) if not self._ids else (
+                [self._ids.popleft() for _ in range(len(self._ids))]
+                + self.default.take(n - len(self._ids), self._is_async))
+        return [self._ids.popleft() for _ in range(n)]
+
+
+_BULK_COLUMNS: weakref.WeakKeyDictionary[Mapper[Any], list[tuple[str, str, IdDefault]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _bulk_columns(mapper: Mapper[Any]) -> list[tuple[str, str, IdDefault]]:
+    """(attribute key, column key, default) of the mapped columns of ``mapper``'s table
+    whose default is a leafpool_id."""
+    found = _BULK_COLUMNS.get(mapper)
+    if found is None:
+        found = _BULK_COLUMNS[mapper] = [
+            (attr.key, column.key, column.default.arg) for attr in mapper.column_attrs
+            for column in attr.columns
+            if column.table is mapper.local_table
+            and isinstance(getattr(column.default, "arg", None), IdDefault)]
+    return found
+
+
+@event.listens_for(Session, "do_orm_execute")
+def _start_bulk_pops(state: ORMExecuteState) -> None:
+    """``session.execute(insert(Model), rows)`` of a model with leafpool_id columns: the
+    pop of each column's IDs starts now, one for all the rows that lack it, in a thread
+    while the ORM builds its own copies of the rows; :func:`_ids_in_bulk_rows` sets the
+    IDs in those copies (never in the caller's dicts) as the statement is sent."""
+    rows = state.parameters
+    if not state.is_insert or not isinstance(rows, list) or not rows:
+        return
+    mapper = state.bind_mapper
+    # a model over several tables (joined inheritance) keeps the column default
+    if mapper is None or len(mapper.tables) != 1 or not _bulk_columns(mapper):
+        return
+    is_async = state.session.get_bind(mapper).dialect.is_async
+    started: dict[str, _BulkIds] = {}
+    for attr, column, default in _bulk_columns(mapper):
+        n = sum(1 for row in rows if row.get(attr) is None)
+        if n:
+            started[column] = _BulkIds(default, n, is_async)
+    if started:
+        state.update_execution_options(**{BULK_OPTION: started})
+
+
+@event.listens_for(Engine, "before_execute", retval=True)
+def _ids_in_bulk_rows(conn: Any, clauseelement: Any, multiparams: Any, params: Any,
+                      execution_options: Any) -> tuple[Any, Any, Any]:
+    """An ORM bulk INSERT's rows (dicts the ORM built, one per row) get their IDs here:
+    the started pop's, ascending in row order. SQLAlchemy then sends the key as a value
+    given and calls no column default per row (a Python call per row and column in its
+    executemany loop). Every other statement is left to the column default."""
+    started = execution_options.get(BULK_OPTION)
+    if started and isinstance(clauseelement, Insert) and isinstance(multiparams, list):
+        for key, ids in started.items():
+            rows = [row for row in multiparams if row.get(key) is None]
+            if not rows:
+                continue
+            try:
+                taken = ids.take(len(rows))
+            except LeafpoolError as exc:
+                raise _unwrapped(exc) from exc.__cause__
+            if ids.default.as_string:
+                taken = [str(one) for one in taken]
+            for row, one in zip(rows, taken, strict=True):
+                row[key] = one
+    return clauseelement, multiparams, params
 
 
 class IdString(TypeDecorator[str]):

@@ -6,8 +6,12 @@ unknown tag inserts nothing."""
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
+import signal
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -38,7 +42,7 @@ from leafpool.core.errors import (
     UnknownTag,
 )
 from leafpool.orm.batch import AsyncIdBatches, IdBatches
-from leafpool.orm.sqlalchemy import IdString, leafpool_id
+from leafpool.orm.sqlalchemy import IdDefault, IdString, leafpool_id
 from tests.orm.test_batch import lpops
 from tests.support.http_helpers import fill
 from tests.support.servers import free_port
@@ -315,3 +319,138 @@ def test_a_flush_without_returning_still_inserts_in_one_batch_with_ids_known_bef
         session.commit()
     assert lpops(r) - before == 1
     assert len(inserts) == 1  # one executemany, not 400 statements
+
+
+# -- ORM bulk INSERT: the IDs set in the ORM's rows, no column default call per row -------
+
+def _default_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the column default's calls (SQLAlchemy's per-row path)."""
+    calls: list[int] = []
+    call = IdDefault.__call__
+
+    def counted(self: IdDefault, context: object) -> int | str:
+        calls.append(1)
+        return call(self, context)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(IdDefault, "__call__", counted)
+    return calls
+
+
+def test_an_orm_bulk_insert_is_one_pop_with_no_default_call_per_row(
+        r: redis.Redis, engine: Engine, source: IdBatches,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fill(r, "order", list(range(1, 3001)))
+    fill(r, "msg", SNOWFLAKE_IDS)
+    Base, Order, Message = models(source)
+    Base.metadata.create_all(engine)
+    calls = _default_calls(monkeypatch)
+    rows = [{"note": f"b{i:04d}"} for i in range(1000)]
+    with Session(engine) as session:
+        before = lpops(r)
+        session.execute(insert(Order), rows)
+        session.execute(insert(Message), [{"body": f"m{i}"} for i in range(3)])
+        session.commit()
+        assert lpops(r) - before == 2 and calls == []
+        ids = session.scalars(select(Order.id).order_by(Order.note)).all()
+        assert session.scalars(select(Message.id).order_by(Message.body)).all() == [
+            str(i) for i in SNOWFLAKE_IDS[:3]]
+    assert ids == sorted(ids) and sorted(ids) == list(range(1, 1001))  # in row order
+    assert all(row.keys() == {"note"} for row in rows)  # the caller's dicts: untouched
+    with engine.begin() as conn:  # Core executemany: still the column default's, one pop
+        before = lpops(r)
+        conn.execute(Order.__table__.insert(), [{"note": f"c{i}"} for i in range(10)])
+        assert lpops(r) - before == 1 and len(calls) == 10
+
+
+def test_the_same_rows_inserted_twice_get_new_ids(
+        r: redis.Redis, engine: Engine, source: IdBatches) -> None:
+    """The IDs go into the ORM's copies of the rows: a caller who inserts the same list
+    again (a retry, a second table) gets fresh IDs, never the first statement's."""
+    fill(r, "order", list(range(1, 101)))
+    Base, Order, _ = models(source)
+    Base.metadata.create_all(engine)
+    rows = [{"note": f"n{i}"} for i in range(20)]
+    with Session(engine) as session:
+        session.execute(insert(Order), rows)
+        session.execute(insert(Order), rows)
+        session.commit()
+        assert session.scalars(select(Order.id).order_by(Order.id)).all() == list(
+            range(1, 41))
+
+
+def test_a_bulk_insert_takes_its_ids_as_it_runs_above_every_earlier_pop(
+        r: redis.Redis, engine: Engine, source: IdBatches, settings: Settings) -> None:
+    """Cross-process order (G2): another client's pop between two statements lies between
+    their IDs; a batch's IDs ascend in row order; rows given a key keep it."""
+    fill(r, "order", list(range(1, 2001)))
+    Base, Order, _ = models(source)
+    Base.metadata.create_all(engine)
+    other = Client(settings=settings)
+    try:
+        with Session(engine) as session:
+            session.execute(insert(Order), [{"note": f"a{i:03d}"} for i in range(100)])
+            session.commit()
+            between = other.next_id("order")
+            session.execute(insert(Order), [
+                {"note": f"b{i:03d}", **({"id": 10**12 + i} if i % 10 == 0 else {})}
+                for i in range(100)])
+            session.commit()
+            after = other.next_id("order")
+            first = session.scalars(select(Order.id).where(Order.note.like("a%"))
+                                    .order_by(Order.note)).all()
+            second = session.execute(select(Order.note, Order.id).where(
+                Order.note.like("b%")).order_by(Order.note)).all()
+    finally:
+        other.close()
+    pooled = [i for note, i in second if int(note[1:]) % 10]
+    given = [i for note, i in second if int(note[1:]) % 10 == 0]
+    assert first == sorted(first) and max(first) < between
+    assert pooled == sorted(pooled) and between < min(pooled) and max(pooled) < after
+    assert given == [10**12 + i for i in range(0, 100, 10)]
+
+
+def test_an_empty_pool_fails_a_bulk_insert_as_itself_and_inserts_nothing(
+        r: redis.Redis, engine: Engine, source: IdBatches) -> None:
+    fill(r, "order", [1, 2, 3])
+    Base, Order, _ = models(source)
+    Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        with pytest.raises(PoolEmpty):  # not wrapped in a StatementError
+            session.execute(insert(Order), [{"note": "x"} for _ in range(5)])
+        session.rollback()
+        assert session.scalar(select(Order.id)) is None
+
+
+def test_a_forked_child_runs_its_own_bulk_pops(
+        r: redis.Redis, engine: Engine, source: IdBatches, tmp_path: Path) -> None:
+    """The threads that run a bulk INSERT's pop do not survive a fork: the child starts
+    its own (else its first bulk insert would wait on a thread that is not there)."""
+    fill(r, "order", list(range(1, 101)))
+    Base, Order, _ = models(source)
+    Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        session.execute(insert(Order), [{"note": "parent"} for _ in range(10)])
+        session.commit()
+    engine.dispose()  # the child opens its own database connections
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 1
+        try:
+            with Session(engine) as session:
+                session.execute(insert(Order), [{"note": "child"} for _ in range(10)])
+                session.commit()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # bounded polling for the child's exit
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the child's bulk insert did not finish in 60 s")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    with Session(engine) as session:
+        child = session.scalars(select(Order.id).where(Order.note == "child")
+                                .order_by(Order.id)).all()
+    assert child == list(range(11, 21))
