@@ -223,6 +223,12 @@ class MySqlRegistry(BaseRegistry):
             .limit(1)
             .with_for_update()
         ).first()
+        if victim is None and low > high:
+            raise WorkerIdUnavailable(
+                f"{self.identity}: {self.dc.describe()}: its one worker ID, 0, is never "
+                "leased in mode mysql (leaf_workerid_alloc starts at 1): no worker ID to "
+                f"claim (LEAFPOOL_DC_COUNT={self.dc.dc_count}); use a lower count"
+            )
         if victim is None:
             raise WorkerIdUnavailable(
                 f"{self.identity}: {self.dc.describe()}: all {high - low + 1} worker IDs of "

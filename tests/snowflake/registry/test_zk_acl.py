@@ -10,6 +10,8 @@ a real ZooKeeper:
 - an upgrade: the open nodes an earlier release made get the login's ACL at the first
   claim with it (the identity keeps its worker ID), after which the old process is
   refused too;
+- the DC layout record (``/snowflake/{name}/layout``) is the login's alone too: a client
+  without it can neither read, forge nor delete it;
 - ``/snowflake`` (every name's parent) stays open to new names and to nothing else;
 - a ZooKeeper configured as compose configures it (``enforce.auth``) closes the session of
   a client that sends no login at all.
@@ -91,10 +93,18 @@ def test_a_client_without_the_login_cannot_take_delete_or_read_a_worker_id(
                 "delete the whole tree": lambda: z.delete(root, recursive=True),
                 "change its ACL": lambda: z.set_acls(held, [
                     ACL(Permissions.ALL, Id("world", "anyone"))]),
+                # the DC layout the tree serves (docs/design.md §12.1): a forged record
+                # would let another DC's workers in, a deleted one re-drawn by any layout
+                "read the DC layout": lambda: z.get(registry.layout_path),
+                "forge the DC layout": lambda: z.set(registry.layout_path,
+                                                     b'{"dc_id": 1, "dc_count": 2}'),
+                "delete the DC layout": lambda: z.delete(registry.layout_path),
             }
             allowed = [what for what, attempt in attempts.items() if not _refused(attempt)]
         assert allowed == []
         assert registry.client.get_acls(held)[0] == owner_acl(registry.settings.zk_login)
+        assert registry.client.get_acls(registry.layout_path)[0] == owner_acl(
+            registry.settings.zk_login)
         registry.renew_now()  # the holder goes on
         # leafpool without the login: refused; with a wrong password: refused, named
         plain: Any = open_registry(_settings(zk_hosts, name, mode, tmp_path, snowflake_pod_index=4),
