@@ -16,13 +16,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 from leafpool.core.config import Settings
-from leafpool.core.errors import BackendUnavailable, CounterBehind, LeafpoolError
+from leafpool.core.errors import BackendUnavailable, CounterBehind, LeafpoolError, OutsideDcSlot
 from leafpool.redis.lock import RefillLock
 from leafpool.redis.pool import Pool, Snapshot
 from leafpool.refill.sizing import (
     HINT_FRESH_SECONDS,
     decayed_peak,
     instant_rate,
+    list_seconds,
     pool_target,
     reserve_target,
     sizing_rate,
@@ -86,6 +87,7 @@ class Measure:
     target: int
     low_water: int
     peak: float = 0.0  # the recent peak rate (a decaying maximum, refill.sizing.decayed_peak)
+    latency: float = 0.0  # the smoothed allocation latency, seconds (``alloc_ms``)
 
 
 class Refiller(ABC):
@@ -192,7 +194,8 @@ class Refiller(ABC):
         # failure on; cleared by the first allocation that succeeds). Its retries, once a
         # second while the list is low (leafpool.refill.retry), log at INFO
         source: dict[str, object] = {}
-        level = logging.ERROR if isinstance(exc, CounterBehind) else logging.WARNING
+        level = logging.ERROR if isinstance(exc, CounterBehind | OutsideDcSlot) \
+            else logging.WARNING
         if isinstance(exc, SourceUnavailable) and exc.database:
             since = snap.int("db_unreachable_ms")
             if since:
@@ -250,7 +253,11 @@ class Refiller(ABC):
             if now - snap.int("drop_rate_ms") / 1000 > HINT_FRESH_SECONDS:
                 hint = 0.0
             sized = sizing_rate(rate, instant, hint)
-        target = pool_target(sized, pool_seconds, s.pool_floor, s.pool_ceiling)
+        # the allocation's latency (a database across a WAN, docs/design.md §12.2): the
+        # low-water mark holds ALLOC_LATENCY_FACTOR of it at the sizing rate
+        latency = snap.float("alloc_ms") / 1000
+        seconds = list_seconds(pool_seconds, latency, s.low_water_ratio)
+        target = pool_target(sized, seconds, s.pool_floor, s.pool_ceiling)
         low_water = math.ceil(target * s.low_water_ratio)
         # the recent peak: a maximum of the sizing rate that halves every hour once
         # demand falls (PEAK_HALF_LIFE_SECONDS); the outage reserve is sized by it
@@ -265,15 +272,17 @@ class Refiller(ABC):
             sizing_rate=f"{sized:.3f}",
             peak_rate=f"{peak:.3f}",
         )
-        return Measure(sized, consumed_total, target, low_water, peak)
+        return Measure(sized, consumed_total, target, low_water, peak, latency)
 
     def reserve_ids(self, m: Measure) -> int:
         """IDs to keep allocated in the reserve (segment mode): ``LEAFPOOL_RESERVE_SECONDS``
         of the sizing rate, or ``LEAFPOOL_OUTAGE_SECONDS`` of the recent peak rate when
-        that is more (docs/design.md §3.2), at most 100 pool ceilings."""
+        that is more (docs/design.md §3.2), or twice the IDs consumed while the
+        measured allocation latency passes ``ALLOC_LATENCY_FACTOR`` times (the half left
+        when a top-up is due lasts its allocations), at most 100 pool ceilings."""
         s = self.settings
         return reserve_target(m.rate, m.peak, s.reserve_seconds, s.outage_seconds,
-                              s.pool_floor, 100 * s.pool_ceiling)
+                              s.pool_floor, 100 * s.pool_ceiling, m.latency)
 
     @abstractmethod
     def _ensure_known(self, tag: str) -> Snapshot: ...

@@ -32,14 +32,64 @@ def decayed_peak(previous: float, elapsed: float, rate: float,
 
 
 def reserve_target(rate: float, peak: float, reserve_seconds: float, outage_seconds: float,
-                   floor: int, ceiling: int) -> int:
+                   floor: int, ceiling: int, latency: float = 0.0) -> int:
     """IDs a segment tag keeps allocated in its reserve: ``rate x reserve_seconds`` (the
     top-up margin at the rate the pool is sized by) or, when larger, ``peak x
     outage_seconds``: the recent peak demand for the length of a database outage the
-    pool must ride through. Ranges cost Redis a few bytes each, not per ID, so this
-    grows the IDs held, not Redis memory; within ``floor`` and ``ceiling``."""
-    want = max(rate * reserve_seconds, peak * outage_seconds)
+    pool must ride through, or twice :func:`latency_cover` of the measured allocation
+    ``latency`` (seconds): a reserve is topped up once it is below half its target, and
+    that half must last while the top-up's allocations cross the WAN. Ranges cost Redis
+    a few bytes each, not per ID, so this grows the IDs held, not Redis memory; within
+    ``floor`` and ``ceiling``."""
+    want = max(rate * reserve_seconds, peak * outage_seconds,
+               2 * math.ceil(latency_cover(rate, latency)))
     return pool_target(want, 1.0, floor, ceiling)
+
+
+# -- the allocation's latency (docs/design.md §3.2, §12.2) ----------------------------------
+
+#: how many measured allocation latencies the list's low-water mark and the reserve's
+#: top-up margin must last at the sizing rate. The refill queued at the crossing must
+#: finish before the list runs dry, and when the reserve is short it waits for: 1. its
+#: allocation (the measured latency: a transaction's round trips to the database); 2. a
+#: new connection's handshakes when the pooled one was dropped (TCP, MySQL greeting and
+#: authentication: about as many round trips again); 3. another writer holding the
+#: row's lock (in mode shared every DC allocates from the one row: one allocation in
+#: flight ahead of it); 4. the tail: the value is a smoothed mean and a WAN's slow
+#: round trips run to twice it. Each is one latency.
+ALLOC_LATENCY_FACTOR = 4.0
+#: the smoothed latency follows a slower allocation at once by half the difference and
+#: a faster one by a tenth: a WAN's latency is remembered through a few quick allocations
+#: (a connection already open), and one slow outlier only half counts
+LATENCY_RISE = 0.5
+LATENCY_FALL = 0.1
+
+
+def smooth_latency(previous: float, sample: float, rise: float = LATENCY_RISE,
+                   fall: float = LATENCY_FALL) -> float:
+    """The allocation latency kept in the tag's state (``alloc_ms``): the first sample as
+    it is, then a step of ``rise`` toward a slower sample and ``fall`` toward a faster."""
+    if sample < 0:
+        return max(previous, 0.0)
+    if previous <= 0:
+        return sample
+    alpha = rise if sample > previous else fall
+    return previous + alpha * (sample - previous)
+
+
+def latency_cover(rate: float, latency: float, factor: float = ALLOC_LATENCY_FACTOR) -> float:
+    """IDs consumed at ``rate`` while a refill waits for the database: ``rate x latency
+    x factor`` (``latency`` in seconds)."""
+    return max(rate, 0.0) * max(latency, 0.0) * factor
+
+
+def list_seconds(pool_seconds: float, latency: float, low_water_ratio: float,
+                 factor: float = ALLOC_LATENCY_FACTOR) -> float:
+    """The seconds of demand the list is sized for: ``pool_seconds``, or more when the
+    allocation ``latency`` (seconds) asks it: the low-water mark (``low_water_ratio`` of
+    the target) then holds ``latency x factor`` of demand. A local database (a few ms)
+    changes nothing: 4 x 5 ms / 0.5 is 40 ms against the default 30 s."""
+    return max(pool_seconds, max(latency, 0.0) * factor / low_water_ratio)
 
 
 def smooth_rate(previous: float, consumed: int, elapsed: float, alpha: float) -> float:

@@ -26,6 +26,7 @@ from leafpool.redis.lock import RefillLock
 from leafpool.redis.pool import Pool, Range, Snapshot
 from leafpool.redis.register import register
 from leafpool.refill.base import Refiller, RefillResult
+from leafpool.refill.sizing import smooth_latency
 from leafpool.segment.step import StepRule
 from leafpool.segment.store import SegmentStore
 
@@ -180,6 +181,7 @@ class _Allocator:
         self.floor = snap.floor
         self.result = result
         self.count = 0
+        self.alloc_ms = snap.float("alloc_ms")  # the smoothed allocation latency
 
     def _rule(self) -> StepRule:
         s = self.r.settings
@@ -202,6 +204,7 @@ class _Allocator:
             seg = self.r.store.allocate(self.tag, self._rule(), self.floor, heal=heal)
         now_ms = self.r._now_ms()
         rng = Range(seg.start, seg.end)
+        self.alloc_ms = smooth_latency(self.alloc_ms, seg.took_ms)
         if seg.healed_from is not None:  # counted even if the append below is refused:
             # the row was moved in the database either way (docs/design.md §7.3)
             self.r.pool.record(self.tag, counts={"heals": 1}, last_heal_ms=now_ms,
@@ -216,6 +219,7 @@ class _Allocator:
             max_id=seg.end,
             segment_ms=now_ms,
             last_alloc_ms=f"{seg.took_ms:.2f}",
+            alloc_ms=f"{self.alloc_ms:.2f}",
         )
         self.r.pool.count(self.tag, "allocations")
         if self.lasted is not None:  # this measurement is used up

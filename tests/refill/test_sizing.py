@@ -116,3 +116,42 @@ def test_the_rate_now_forgets_a_measurement_nobody_pops_after() -> None:
     assert rate_now(9.3, 8, 600.0) == 0.0  # ./dev up's own pops, 10 min after: idle still
     assert rate_now(9.3, 60, 600.0) == pytest.approx(60 / 600, rel=0.01)  # one ID each 10 s
     assert rate_now(9.3, -40, 3600.0) == 0.0  # the counters went back (a re-created tag)
+
+
+# -- the allocation's latency (docs/design.md §3.2, §12.2) ---------------------------------
+
+
+def test_the_allocation_latency_rises_fast_and_falls_slowly() -> None:
+    from leafpool.refill.sizing import smooth_latency
+
+    assert smooth_latency(0.0, 600.0) == 600.0  # the first sample as it is
+    assert smooth_latency(100.0, 600.0) == 350.0  # half way to a slower one
+    assert smooth_latency(600.0, 100.0) == 550.0  # a tenth of the way to a faster one
+    assert smooth_latency(600.0, -1.0) == 600.0  # no sample
+
+
+def test_the_low_water_mark_covers_four_allocation_latencies_at_the_rate() -> None:
+    """The list's seconds grow only when the latency asks it: a local database's few ms
+    leave the default 30 s alone; 2 s allocations at ratio 0.5 ask 16 s of list."""
+    from leafpool.refill.sizing import ALLOC_LATENCY_FACTOR, latency_cover, list_seconds
+
+    assert ALLOC_LATENCY_FACTOR == 4.0
+    assert list_seconds(30.0, 0.005, 0.5) == 30.0
+    assert list_seconds(10.0, 2.0, 0.5) == 16.0
+    assert list_seconds(1.0, 0.6, 0.25) == pytest.approx(9.6)
+    assert latency_cover(1000.0, 0.6) == pytest.approx(2400.0)
+    assert latency_cover(-1.0, 0.6) == 0.0 and latency_cover(1000.0, -1.0) == 0.0
+    # the low-water mark is ratio x target: with the grown seconds it holds the cover
+    rate, latency, ratio = 5000.0, 0.6, 0.5
+    target = pool_target(rate, list_seconds(1.0, latency, ratio), 200, 10**8)
+    assert target * ratio >= latency_cover(rate, latency)
+
+
+def test_the_reserves_top_up_margin_covers_four_latencies_at_the_rate() -> None:
+    """Due at half its target, so the target is at least twice the cover; unchanged
+    when the latency is small."""
+    from leafpool.refill.sizing import latency_cover, reserve_target
+
+    assert reserve_target(1000.0, 0.0, 60.0, 0.0, 200, 10**9, latency=0.002) == 60_000
+    want = reserve_target(1000.0, 0.0, 1.0, 0.0, 200, 10**9, latency=0.6)
+    assert want == 4800 and want // 2 >= latency_cover(1000.0, 0.6)
