@@ -113,6 +113,13 @@ def outage_section(size: str) -> None:
     outage_bench.main(console, outage_bench.SMOKE if size == "smoke" else outage_bench.FULL)
 
 
+def multidc_section(size: str) -> None:
+    from bench import multidc_bench
+
+    multidc_bench.main(console, {"smoke": multidc_bench.SMOKE, "quick": multidc_bench.QUICK}
+                       .get(size, multidc_bench.FULL))
+
+
 def galera_section(size: str) -> None:
     from bench import galera_bench
 
@@ -157,8 +164,8 @@ def main() -> None:
                       help="every section with tiny sizes, in seconds: proves the benchmarks "
                            "run; the figures mean nothing")
     parser.add_argument("--only", choices=["", "pools", "replication", "snowflake", "http",
-                                           "burst", "tags", "tls", "outage", "galera", "orm",
-                                           "failover", "nemesis", "pipeline"],
+                                           "burst", "tags", "tls", "outage", "multidc", "galera",
+                                           "orm", "failover", "nemesis", "pipeline"],
                         default="", help="one section")
     nemesis_bench.add_arguments(parser)
     args = parser.parse_args()
@@ -190,6 +197,9 @@ def run(args: argparse.Namespace) -> None:
         return
     if args.only == "outage":
         outage_section(size_name)
+        return
+    if args.only == "multidc":
+        multidc_section(size_name)
         return
     if args.only == "galera":
         galera_section(size_name)
@@ -295,6 +305,7 @@ def run(args: argparse.Namespace) -> None:
         burst_section(sizes, size_name)
         tags_section(size_name)
         outage_section(size_name)
+        multidc_section(size_name)
         galera_section(size_name)
         orm_section(size_name)
         failover_section(size_name)
