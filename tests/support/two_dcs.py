@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
 
@@ -251,6 +252,24 @@ ALLOCATION = re.compile(
 SUCCEEDED = re.compile(
     r"\[[^\]]*?/(?P<proc>[\w-]+)\][^\n]*?Task leafpool\.refill_segment\[[^\]]+\] "
     r"succeeded in (?P<s>[0-9.]+)s")
+
+
+#: the time at the head of a worker's log line (the worker's local time)
+STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}):")
+
+
+def allocations_after(log: Path, tag: str, wall: float) -> list[tuple[float, float]]:
+    """From a worker's log: the allocations of ``tag`` that started after ``wall``
+    (seconds since the epoch), each as (when it started, its seconds)."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        m, stamp = ALLOCATION.search(line), STAMP.match(line)
+        if m and stamp and m["tag"] == tag:
+            ended = datetime.strptime(stamp[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            took = float(m["ms"]) / 1000
+            if ended - took >= wall:
+                out.append((ended - took, took))
+    return out
 
 
 def refill_times(log: Path, tag: str) -> tuple[list[float], list[float]]:
