@@ -21,6 +21,10 @@ old rate, then at the new one: 100 -> 5,000 IDs/s (50x), 100 -> 50,000 IDs/s (50
   for leafpool (a worker restart loses nothing: the list and the reserve ranges are in
   Redis, with ``appendfsync always``; they are only older, out of order with newer
   segments elsewhere), both segments for Leaf (they live in its server's memory);
+- when the drop watcher first moved reserve IDs into the list after the step, and how many
+  it moved in all (the state's ``watch_pushed``: a tag read below its low-water mark with
+  no refill running gets them at once, before its refill task is queued, docs/design.md
+  §3.7);
 - the latencies of the database allocations (the state's ``last_alloc_ms``, read every
   10 ms: one per allocation seen, several back-to-back ones show as the last) and the
   refills (the refill lock held, to 10 ms), which the Leaf model is fed.
@@ -221,6 +225,7 @@ class Sample:
     step: int
     locked: bool
     consumed: int  # pushed_total - length, read at once
+    watch_pushed: int = 0  # IDs the drop watcher moved from the reserve into the list
 
 
 
@@ -240,6 +245,8 @@ class StepRow:
     sized_s: float | None = None
     ready_s: float | None = None
     first_refill_s: float | None = None  # from the step until a refill held the lock
+    first_move_s: float | None = None  # ... until the drop watcher moved reserve IDs
+    moved: int = 0  # IDs the drop watcher moved from the reserve into the list, after it
     dry_s: float | None = None  # from the step until a sample found the list empty
     waits_span: tuple[float, float] | None = None  # the first wait's start, the last's end
     served_per_s: float = 0.0
@@ -272,12 +279,13 @@ def union_s(intervals: list[tuple[float, float]]) -> float:
 def _sample(r: redis.Redis, k: TagKeys, at: float) -> Sample:
     pipe = r.pipeline(transaction=True)
     pipe.llen(k.ids)
-    pipe.hmget(k.state, ["target", "allocations", "last_alloc_ms", "step", "pushed_total"])
+    pipe.hmget(k.state, ["target", "allocations", "last_alloc_ms", "step", "pushed_total",
+                         "watch_pushed"])
     pipe.exists(k.lock)
-    length, (target, allocations, alloc_ms, step, pushed), locked = pipe.execute()
+    length, (target, allocations, alloc_ms, step, pushed, moved), locked = pipe.execute()
     return Sample(time.time() - at, int(length), int(target or 0), int(allocations or 0),
                   float(alloc_ms or 0), int(step or 0), bool(locked),
-                  int(pushed or 0) - int(length))
+                  int(pushed or 0) - int(length), int(moved or 0))
 
 
 def _reserve_ids(r: redis.Redis, k: TagKeys) -> int:
@@ -361,6 +369,8 @@ def _timeline(row: StepRow, samples: list[Sample], at_step: Sample | None) -> No
     want = 0.9 * row.new_target
     row.allocations = (after[-1].allocations - (at_step or after[0]).allocations
                        if after else 0)
+    moved_before = (at_step or after[0]).watch_pushed if after else 0
+    row.moved = after[-1].watch_pushed - moved_before if after else 0
     locked_from: float | None = None
     was_locked = at_step.locked if at_step else False
     for s in after:
@@ -371,6 +381,8 @@ def _timeline(row: StepRow, samples: list[Sample], at_step: Sample | None) -> No
             row.ready_s = s.t
         if row.dry_s is None and s.length == 0:
             row.dry_s = s.t
+        if row.first_move_s is None and s.watch_pushed > moved_before:
+            row.first_move_s = s.t
         if s.locked and not was_locked:
             locked_from = s.t
             if row.first_refill_s is None:
@@ -447,7 +459,8 @@ def main(console: Console, sizes: StepSizes) -> list[StepRow]:
                  "in the order seen)")
     for col in ("scenario", "IDs/s served", "calls", "waited s (Leaf new)", "PoolEmpty",
                 "empty hits", "waits from-to s", "list empty at s", "first refill at s",
-                "refills s", "allocation ms (all seen)", "target after"):
+                "watcher moved: first at s, IDs", "refills s", "allocation ms (all seen)",
+                "target after"):
         diag.add_column(col, justify="left" if col == "scenario" else "right")
     for row in rows:
         refills = ", ".join(f"{x:.2f}" for x in row.refill_s[:8])
@@ -460,7 +473,8 @@ def main(console: Console, sizes: StepSizes) -> list[StepRow]:
                      "-" if row.waits_span is None else
                      f"{row.waits_span[0]:.3f}-{row.waits_span[1]:.3f}",
                      _s(row.dry_s), _s(row.first_refill_s),
-                     refills or "-", _ms_summary(row.alloc_ms), f"{row.target_after:,}")
+                     f"{_s(row.first_move_s)}, {row.moved:,}", refills or "-",
+                     _ms_summary(row.alloc_ms), f"{row.target_after:,}")
     console.print(diag)
 
     targets = Table(title="Targets (issue 30: bursts)")
