@@ -200,6 +200,9 @@ class Settings(BackendSettings):
     # concurrent single-ID requests of one tag share one LPOP tag n, n at most this
     # (leafpool/redis/coalesce.py, docs/design.md §1.1); 0: one LPOP per request
     http_coalesce_max: int = Field(1_024, ge=0, le=10_000)
+    # how many such pops of one tag may be in flight at once: requests arriving meanwhile
+    # queue and share the next (1: one pop at a time, the fewest pops per request)
+    http_coalesce_in_flight: int = Field(4, ge=1, le=64)
 
     @field_validator("key_prefix", "broker_key_prefix")
     @classmethod

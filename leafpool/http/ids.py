@@ -14,6 +14,7 @@ policy). A tag's mode is read through :class:`ModeCache`, so a tag of the other 
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -42,7 +43,9 @@ _ENDPOINTS = {(mode, as_json): f"/api/{mode}/{'ids' if as_json else 'get'}"
 
 class ModeCache:
     """Each tag's mode, read (by ``read``) at most once per ``seconds``; an unknown tag
-    is not remembered, so a tag registered meanwhile is served at once."""
+    is not remembered, so a tag registered meanwhile is served at once. Requests that
+    find the entry expired while its read is under way share that read (one ``HGET``
+    per tag, not one per concurrent request)."""
 
     def __init__(self, read: Callable[[str], Awaitable[str | None]],
                  seconds: float = MODE_CACHE_SECONDS,
@@ -51,13 +54,31 @@ class ModeCache:
         self.seconds = seconds
         self._monotonic = monotonic
         self._modes: dict[str, tuple[str, float]] = {}
+        self._reading: dict[str, asyncio.Future[str | None]] = {}
+
+    def fresh(self, tag: str) -> str | None:
+        """The tag's mode when a read of it is recent enough, without waiting."""
+        cached = self._modes.get(tag)
+        if cached is not None and cached[1] > self._monotonic():
+            return cached[0]
+        return None
 
     async def get(self, tag: str) -> str | None:
+        mode = self.fresh(tag)
+        if mode is not None:
+            return mode
+        reading = self._reading.get(tag)
+        if reading is not None:  # shield: a cancelled waiter must not cancel the others' read
+            return await asyncio.shield(reading)
         now = self._monotonic()
-        cached = self._modes.get(tag)
-        if cached is not None and cached[1] > now:
-            return cached[0]
-        mode = await self._read(tag)
+        reading = self._reading[tag] = asyncio.ensure_future(self._read(tag))
+        # its error is retrieved even when every waiter was cancelled meanwhile
+        reading.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            mode = await asyncio.shield(reading)
+        finally:
+            if self._reading.get(tag) is reading:
+                del self._reading[tag]
         if mode is None:
             self._modes.pop(tag, None)
         else:
@@ -101,7 +122,8 @@ class IdEndpoints:
     async def take_one(self, tag: str, want_mode: str) -> int:
         """One ID, its pop shared with concurrent requests of the tag (docs/design.md
         §1.1)."""
-        await self._check_mode(tag, want_mode)
+        if self.modes.fresh(tag) != want_mode:  # the cached mode answers without an await
+            await self._check_mode(tag, want_mode)
         return await self.svc.client.next_id_coalesced(tag)
 
     async def _check_mode(self, tag: str, want_mode: str) -> None:

@@ -40,7 +40,8 @@ class Service:
             self._client = AsyncClient(settings=self.settings, policy="wait",
                                        wait_seconds=self.settings.empty_wait_seconds)
             if self.settings.http_coalesce_max:  # docs/design.md §1.1
-                self._client.coalesce(self.settings.http_coalesce_max)
+                self._client.coalesce(self.settings.http_coalesce_max,
+                                      self.settings.http_coalesce_in_flight)
         return self._client
 
     @property

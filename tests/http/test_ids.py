@@ -206,3 +206,37 @@ def test_the_mode_cache_reads_a_tag_once_per_interval(redis_url: str, r: redis.R
             await conn.aclose()
 
     asyncio.run(scenario())
+
+
+def test_concurrent_requests_share_one_read_of_an_expired_mode(redis_url: str,
+                                                               r: redis.Redis) -> None:
+    """Requests that find a tag's mode expired while its read is under way wait for that
+    read instead of each sending an HGET (a herd of one read per connection every
+    interval); the reads are counted by Redis itself (INFO commandstats)."""
+    Pool(r, "leafpool").register("order", "segment", 0)
+
+    def hgets() -> int:
+        stats = r.info("commandstats").get("cmdstat_hget", {})
+        return int(stats.get("calls", 0))
+
+    async def scenario() -> list[str | None]:
+        conn = connect_async(redis_url)
+        try:
+            cache = ModeCache(AsyncPool(conn, "leafpool").mode, seconds=5.0)
+            return await asyncio.gather(*(cache.get("order") for _ in range(50)))
+        finally:
+            await conn.aclose()
+
+    r.config_resetstat()
+    assert asyncio.run(scenario()) == ["segment"] * 50
+    assert hgets() == 1
+
+
+def test_the_coalesced_pops_in_flight_follow_the_setting(
+        make_settings: Callable[..., Settings]) -> None:
+    from leafpool.http.service import Service
+
+    for in_flight in (1, 4):
+        service = Service(make_settings(http_coalesce_in_flight=in_flight))
+        coalescer = service.client._coalescer
+        assert coalescer is not None and coalescer.in_flight == in_flight
