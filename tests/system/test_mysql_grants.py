@@ -1,7 +1,8 @@
 """MySQL least privilege (leafpool/database/grants.py, docs/design.md §1.2) against a real
 MariaDB: users holding exactly what ``leafpool db grants`` prints. The admin runs ``db
 init`` and adds tags; the worker refills, syncs (a tag gone from the table keeps its mark)
-and claims a snowflake worker ID, never needing DDL; the monitor reads the tag table and
+and claims a snowflake worker ID (writing the DC layout the database serves, which it
+may not change), never needing DDL; the monitor reads the tag table and
 can write nothing."""
 
 from __future__ import annotations
@@ -91,6 +92,17 @@ def test_each_role_works_with_exactly_its_grants_and_the_worker_needs_no_ddl(
     registry = MySqlRegistry(settings, "host-a:w:0")
     assert 1 <= registry.claim().worker_id <= 1023
     registry.release()
+    # the DC layout the database serves (docs/design.md §12.1): the first worker writes
+    # it; the worker may not change or remove it
+    with admin.engine.connect() as conn:
+        assert conn.execute(text("SELECT registry, dc_id, dc_count FROM "
+                                 "leafpool_snowflake_layout")).all() == [
+            ("leaf_workerid_alloc", 0, 1)]
+    for denied, sql in [("UPDATE", "UPDATE leafpool_snowflake_layout SET dc_count = 2"),
+                        ("DELETE", "DELETE FROM leafpool_snowflake_layout")]:
+        with pytest.raises(OperationalError, match=f"{denied} command denied"), \
+                worker.engine.begin() as conn:
+            conn.execute(text(sql))
     with pytest.raises(OperationalError, match="CREATE command denied"), \
             worker.engine.begin() as conn:
         conn.execute(text("CREATE TABLE lp_probe (id int)"))  # the grants deny DDL
@@ -149,3 +161,28 @@ def test_a_guard_needs_select_on_its_table_and_refuses_until_the_worker_has_it(
     _root(mariadb_server, f"GRANT SELECT ON `{database}`.`orders` TO '{worker_user}'@'%';")
     assert refiller.refill("order").pushed == 100
     assert int(r.lindex("leafpool:{order}:ids", 0) or 0) == 4243
+
+
+def test_a_worker_on_a_database_the_previous_db_init_made_serves_one_dc_and_no_other(
+    users: dict[str, str], mariadb_server: services.Server, mysql_url: str, tmp_path: Path
+) -> None:
+    """A database from before the DC layout record (the previous release's db init and
+    grants: no leafpool_snowflake_layout): a one-DC worker claims as before; a worker of
+    another layout is told to run db init and the grants."""
+    assert _cli(users["admin"], tmp_path, "db", "init").returncode == 0
+    _root(mariadb_server, "DROP TABLE " + mysql_url.rsplit("/", 1)[1]
+          + ".leafpool_snowflake_layout;")
+    previous = ";".join(line for line in users["worker-grants"].split(";")
+                        if "leafpool_snowflake_layout" not in line)
+    _root(mariadb_server, previous)
+    base = {"database_url": users["worker"], "snowflake_mode": "mysql",
+            "snowflake_cache_dir": str(tmp_path / "cache")}
+    one = MySqlRegistry(load_settings(**base), "host-a:w:0")
+    assert 1 <= one.claim().worker_id <= 1023
+    one.release()
+    two = MySqlRegistry(load_settings(**base, dc_id=1, dc_count=2), "host-b:w:0")
+    with pytest.raises(ConfigurationError) as refused:
+        two.claim()
+    assert refused.value.field == "LEAFPOOL_DC_COUNT"
+    assert "leafpool_snowflake_layout" in str(refused.value)
+    assert "leafpool db init" in str(refused.value)

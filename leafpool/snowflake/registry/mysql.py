@@ -8,6 +8,7 @@ lease and a start without the database: docs/design.md §8.4.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from contextlib import AbstractContextManager
@@ -43,6 +44,7 @@ from leafpool.database.engine import (
     transaction,
 )
 from leafpool.database.layout_table import WORKERID_REGISTRY, snowflake_layout
+from leafpool.database.schema import probe
 from leafpool.snowflake.registry import layout
 from leafpool.snowflake.registry.base import BaseRegistry, Lease, Start
 from leafpool.snowflake.registry.cache import CacheRecord
@@ -124,8 +126,6 @@ class MySqlRegistry(BaseRegistry):
                 with self._tx("creating leaf_workerid_alloc") as conn:
                     if not inspect(conn).has_table(_t.name):
                         conn.execute(text(DDL))
-                    if not inspect(conn).has_table(snowflake_layout.name):
-                        snowflake_layout.create(conn, checkfirst=True)
             self._check_layout()
             for _attempt in range(CLAIM_ATTEMPTS):
                 try:
@@ -149,18 +149,26 @@ class MySqlRegistry(BaseRegistry):
         process of that layout; any other layout needs the table."""
         where = f"MySQL {snowflake_layout.name} registry='{WORKERID_REGISTRY}'"
         t = snowflake_layout
+        what = f"{self.identity}: DC layout check"
+        found = probe(self.engine, t, what)
+        if found == "absent" and self.create_table:  # a worker's user has no CREATE
+            # denied (no CREATE), or made meanwhile: the probe says which
+            with contextlib.suppress(BackendUnavailable), self._tx(f"creating {t.name}") as conn:
+                t.create(conn)
+            found = probe(self.engine, t, what)
+        if found != "readable":
+            if (self.dc.dc_id, self.dc.dc_count) == layout.UNRECORDED:
+                log.warning("%s: the %s table is %s, so the DC layout is not recorded (run "
+                            "leafpool db init, and grant the worker leafpool db grants "
+                            "worker); serving DC 0 of 1 as before", self.identity, t.name,
+                            found)
+                return
+            raise ConfigurationError(
+                layout.DC_COUNT_ENV, self.dc.dc_count,
+                f"needs the {t.name} table to record the DC layout this database serves, "
+                f"and it is {found} to this user: run leafpool db init, then the grants of "
+                "leafpool db grants worker")
         with self._tx("DC layout check") as conn:
-            if not inspect(conn).has_table(t.name):
-                if (self.dc.dc_id, self.dc.dc_count) == layout.UNRECORDED:
-                    log.warning("%s: no %s table to record the DC layout in (run leafpool db "
-                                "init, and grant the worker leafpool db grants worker); "
-                                "serving DC 0 of 1 as before", self.identity, t.name)
-                    return
-                raise ConfigurationError(
-                    layout.DC_COUNT_ENV, self.dc.dc_count,
-                    f"needs the {t.name} table to record the DC layout this database serves "
-                    "(it is absent, or not granted to this user): run leafpool db init, "
-                    "then the grants of leafpool db grants worker")
             chosen = select(t.c.dc_id, t.c.dc_count).where(t.c.registry == WORKERID_REGISTRY)
             row = conn.execute(chosen).first()
             if row is None:
