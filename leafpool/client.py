@@ -21,13 +21,21 @@ from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
 from leafpool.core.config import Settings, get_settings
-from leafpool.core.errors import InvalidArgument, PoolEmpty, ReplicasBehind, UnknownTag
+from leafpool.core.errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    PoolEmpty,
+    PoolEmptyDatabaseUnreachable,
+    ReplicasBehind,
+    UnknownTag,
+)
 from leafpool.core.tags import validate_tag
 from leafpool.redis import scripts
 from leafpool.redis.coalesce import IN_FLIGHT, Coalescer
 from leafpool.redis.connect import AsyncRedisClient, RedisClient, connect, connect_async
 from leafpool.redis.pool import Pool
 from leafpool.redis.pool_async import AsyncPool
+from leafpool.redis.pool_common import Snapshot
 
 _T = TypeVar("_T")
 Policy = Literal["raise", "wait", "reserve"]
@@ -61,6 +69,16 @@ def _check_least(n: int, at_least: int | None) -> int:
     if isinstance(at_least, bool) or not isinstance(at_least, int) or not 1 <= at_least <= n:
         raise InvalidArgument("at_least", at_least, f"an integer from 1 to n ({n:,})")
     return at_least
+
+
+def _empty(tag: str, snap: Snapshot | None, waited: float, got: list[int]) -> PoolEmpty:
+    """The error for a pool found empty: it says since when the database has been
+    unreachable when the tag's refills recorded so (``db_unreachable_ms``, docs/design.md
+    §3.8): the pool rode through on its list and reserve and has run dry."""
+    since = snap.int("db_unreachable_ms") if snap is not None else 0
+    if since > 0:
+        return PoolEmptyDatabaseUnreachable(tag, since, int(time.time() * 1000), waited, got)
+    return PoolEmpty(tag, waited, partial=got)
 
 
 def _check_policy(policy: str) -> Policy:
@@ -155,12 +173,21 @@ class Client(_Base):
             raise UnknownTag(tag)
         self.pool.want(tag)
         if self.policy == "raise":
-            raise PoolEmpty(tag, partial=got)
+            raise self._empty(tag, 0.0, got)
         if self.policy == "reserve":
             got += self._from_reserve(tag, n - len(got))
             if len(got) == n:
                 return got
         return self._wait(tag, n, got)
+
+    def _empty(self, tag: str, waited: float, got: list[int]) -> PoolEmpty:
+        """:class:`PoolEmpty`, saying why when the database is the reason (one read of
+        the tag's state, on this path only; a Redis error leaves the plain one)."""
+        try:
+            snap: Snapshot | None = self.pool.snapshot(tag)
+        except BackendUnavailable:
+            snap = None
+        return _empty(tag, snap, waited, got)
 
     def _from_reserve(self, tag: str, n: int) -> list[int]:
         """Take up to ``n`` IDs from the reserve head while the list is empty."""
@@ -185,7 +212,7 @@ class Client(_Base):
         while len(got) < n:
             remaining = deadline - self._monotonic()
             if remaining <= 0:
-                raise PoolEmpty(tag, self.wait_seconds, partial=got)
+                raise self._empty(tag, self.wait_seconds, got)
             value = self.pool.wait_pop(tag, max(remaining, 0.01))
             if value is None:
                 continue
@@ -299,13 +326,20 @@ class AsyncClient(_Base):
             raise UnknownTag(tag)
         await self.pool.want(tag)
         if self.policy == "raise":
-            raise PoolEmpty(tag, partial=got)
+            raise await self._empty(tag, 0.0, got)
         if self.policy == "reserve":
             await self.start()
             got += await self._from_reserve(tag, n - len(got))
             if len(got) == n:
                 return got
         return await self._wait(tag, n, got)
+
+    async def _empty(self, tag: str, waited: float, got: list[int]) -> PoolEmpty:
+        try:
+            snap: Snapshot | None = (await self.pool.snapshots([tag]))[0]
+        except BackendUnavailable:
+            snap = None
+        return _empty(tag, snap, waited, got)
 
     async def _from_reserve(self, tag: str, n: int) -> list[int]:
         out: list[int] = []
@@ -330,7 +364,7 @@ class AsyncClient(_Base):
         while len(got) < n:
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise PoolEmpty(tag, self.wait_seconds, partial=got)
+                raise await self._empty(tag, self.wait_seconds, got)
             value = await self.pool.wait_pop(tag, max(remaining, 0.01))
             if value is None:
                 continue

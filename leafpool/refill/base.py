@@ -53,6 +53,9 @@ class SourceUnavailable(BackendUnavailable):
     #: in mode mysql): the failure record says since when it is unreachable
     #: (``db_unreachable_ms``). False: another source (ZooKeeper), retried the same way
     database: bool = True
+    #: the tag's smoothed allocation latency (seconds, ``alloc_ms``) when it failed: the
+    #: fast retry's step is shortened across a WAN (leafpool.refill.retry.fast_step_max)
+    latency: float = 0.0
 
 
 @dataclass
@@ -234,6 +237,7 @@ class Refiller(ABC):
                 marked = self.pool.mark_queued(tag, hold)
                 if isinstance(exc, SourceUnavailable):
                     exc.requeued = marked
+                    exc.latency = snap.float("alloc_ms") / 1000
 
     def _measure(self, snap: Snapshot, pool_seconds: float) -> Measure:
         """Smooth the consumption rate and record it with the targets."""

@@ -32,6 +32,15 @@ from leafpool.refill.base import SourceUnavailable
 
 FAST_FIRST_SECONDS = 0.25
 FAST_MAX_SECONDS = 1.0
+#: a database across a WAN (docs/design.md §12.2): the pool must be refilled within 2 s
+#: of the link's return, and the first allocation after it opens a new connection, which
+#: costs about twice a measured allocation (the handshakes: 1.2 s against 0.65 s at
+#: 100 ms a round trip). The fast step is kept to RECOVERY_SECONDS less that, less a
+#: half-second margin, never below FAST_FIRST_SECONDS: a local database (a few ms) keeps
+#: the 1 s step
+RECOVERY_SECONDS = 2.0
+NEW_CONNECTION_FACTOR = 2.0
+RECOVERY_MARGIN_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -43,9 +52,19 @@ class Retry:
     fast: bool
 
 
-def fast_backoff(attempt: int) -> float:
-    """0.25, 0.5, 1, 1, ... seconds for attempts 0, 1, 2, 3, ..."""
-    return min(FAST_MAX_SECONDS, FAST_FIRST_SECONDS * 2.0 ** min(max(attempt, 0), 16))
+def fast_step_max(latency: float) -> float:
+    """The fast backoff's longest step for a measured allocation ``latency`` (seconds):
+    1 s, or less across a WAN so that the step and a new connection's allocation fit in
+    :data:`RECOVERY_SECONDS` with the margin."""
+    room = RECOVERY_SECONDS - RECOVERY_MARGIN_SECONDS - NEW_CONNECTION_FACTOR * max(latency, 0.0)
+    return max(FAST_FIRST_SECONDS, min(FAST_MAX_SECONDS, room))
+
+
+def fast_backoff(attempt: int, latency: float = 0.0) -> float:
+    """0.25, 0.5, 1, 1, ... seconds for attempts 0, 1, 2, 3, ..., at most
+    :func:`fast_step_max` of the allocation ``latency``."""
+    step = FAST_FIRST_SECONDS * 2.0 ** min(max(attempt, 0), 16)
+    return min(fast_step_max(latency), step)
 
 
 def slow_backoff(attempt: int, cap: float, rand: Callable[[], float] = random.random) -> float:
@@ -65,7 +84,7 @@ def next_retry(exc: LeafpoolError, level: Level | None, attempt: int, cap: float
         if not exc.requeued:
             return None
         if level is not None and level.known and level.below_low_water():
-            return Retry(fast_backoff(attempt), True)
+            return Retry(fast_backoff(attempt, exc.latency), True)
     return Retry(slow_backoff(attempt, cap, rand), False)
 
 

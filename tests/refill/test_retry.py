@@ -77,3 +77,15 @@ def test_the_failure_record_says_whether_it_queued_the_tag_itself(
         assert plan == retry.Retry(0.25, True)
     finally:
         dead.engine.dispose()
+
+
+def test_the_fast_step_is_shortened_across_a_wan_so_recovery_fits_in_2s() -> None:
+    """A local database keeps the 1 s step; at 0.65 s an allocation (100 ms a round
+    trip) the step is 0.25 s: with a new connection's 1.3 s the pool is back in 1.55 s."""
+    assert retry.fast_step_max(0.005) == 1.0 and retry.fast_step_max(0.25) == 1.0
+    assert retry.fast_step_max(0.4) == pytest.approx(0.7)
+    assert retry.fast_step_max(0.65) == 0.25 and retry.fast_step_max(5.0) == 0.25
+    assert [retry.fast_backoff(n, 0.4) for n in range(4)] == [0.25, 0.5, 0.7, 0.7]
+    exc = _source_down()
+    exc.latency = 0.65
+    assert retry.next_retry(exc, _level(10, 100), 5, 30.0) == retry.Retry(0.25, True)
