@@ -390,7 +390,7 @@ def targets(arms: list[Arm]) -> Table:
                 continue
             base = by[name]
             ratio = _ratio(arm, base)
-            t.add_row(arm.name, name, f"{ratio:.2f}x", f"{arm.total_s / base.total_s:.2f}x",
+            t.add_row(arm.name, name, f"{ratio:.3f}x", f"{arm.total_s / base.total_s:.3f}x",
                       f"<= {target}x", met(ratio <= target))
     return t
 

@@ -314,7 +314,9 @@ def _ids_in_bulk_rows(conn: Any, clauseelement: Any, multiparams: Any, params: A
     started = execution_options.get(BULK_OPTION)
     if started and isinstance(clauseelement, Insert) and isinstance(multiparams, list):
         for key, ids in started.items():
-            rows = [row for row in multiparams if row.get(key) is None]
+            # the ORM sends rows of one set of keys per execute: lacking in the first, in all
+            rows = multiparams if multiparams and key not in multiparams[0] else [
+                row for row in multiparams if row.get(key) is None]
             if not rows:
                 continue
             try:
