@@ -68,6 +68,7 @@ class LatencyRow:
     refills: list[float]
     target: int
     low_water: int
+    list_held: int
     reserve_target: int
     reserve_held: int
     step: int
@@ -135,7 +136,8 @@ def one_delay(dc: Dc, tag: str, delay_ms: float, sizes: MultiDcSizes) -> Latency
     snap = dc.snapshot(tag)
     allocations, refills = refill_times(dc.log, tag)
     return LatencyRow(delay_ms, allocations, refills, snap.int("target"),
-                      snap.int("low_water"), snap.int("reserve_target"), snap.reserve_size,
+                      snap.int("low_water"), snap.length, snap.int("reserve_target"),
+                      snap.reserve_size,
                       snap.int("step"), snap.float("rate"), time.monotonic() - started)
 
 
@@ -184,10 +186,10 @@ def latency_table(rows: list[LatencyRow], sizes: MultiDcSizes) -> Table:
                       "tag's state")
     for col in ("latency each way", "allocations", "allocation p50 / p99 / max",
                 "refill p50 / max", "list target / low-water", "reserve target / held",
-                "seconds held at the rate", "step", "run"):
+                "list + reserve at the rate", "rate (state)", "step", "run"):
         t.add_column(col, justify="right")
     for r in rows:
-        held_s = (r.target + r.reserve_held) / max(r.rate, 1e-9) if r.rate else float("nan")
+        held_s = (r.list_held + r.reserve_held) / sizes.rate
         t.add_row(f"{r.delay_ms:g} ms", f"{len(r.allocations):,}",
                   f"{_pct(r.allocations, 0.5):.1f} / {_pct(r.allocations, 0.99):.1f} / "
                   f"{max(r.allocations, default=float('nan')):.1f} ms",
@@ -195,7 +197,7 @@ def latency_table(rows: list[LatencyRow], sizes: MultiDcSizes) -> Table:
                   f"{max(r.refills, default=float('nan')):.0f} ms",
                   f"{r.target:,} / {r.low_water:,}",
                   f"{r.reserve_target:,} / {r.reserve_held:,}",
-                  f"{held_s:,.0f} s", f"{r.step:,}", f"{r.took_s:.0f} s")
+                  f"{held_s:,.0f} s", f"{r.rate:,.0f}/s", f"{r.step:,}", f"{r.took_s:.0f} s")
     return t
 
 
