@@ -26,15 +26,15 @@ tag for the marker's few seconds and a heartbeat, not until the sweep (docs/desi
 §3.7).
 
 A segment tag read below its low-water mark while no refill holds it gets IDs from its
-reserve at once (:class:`~leafpool.redis.spill.ReserveSpill`, ``spill_reserve.lua``): up
-to its target, or the watcher's recent rate for ``SPILL_SECONDS`` when that is more, at
-most ``MAX_SPILL``; then its refill is queued as before. Those IDs were allocated already
-(the reserve, docs/design.md §3.8), so the move asks no database and waits for no Celery
-worker: a 500x demand step no longer drains the list in the 30-50 ms between the pop that
-crosses the mark and the refill's first push. The script is refused while the tag's
-refill lock exists and is fenced like a refill's push (the reserve head, the high-water
-mark), so the pool stays strictly increasing and no ID is pushed twice (docs/design.md
-§3.7).
+reserve at once (:class:`~leafpool.redis.spill.ReserveSpill`, ``spill_reserve.lua``):
+the watcher's recent rate for ``SPILL_SECONDS``, or when that is less what takes the
+list back to its target up to a chunk, at most ``MAX_SPILL``; then its refill is queued
+as before. Those IDs were allocated already (the reserve, docs/design.md §3.8), so the
+move asks no database and waits for no Celery worker: a 500x demand step no longer
+drains the list in the 30-50 ms between the pop that crosses the mark and the refill's
+first push. The script is refused while the tag's refill lock exists and is fenced like
+a refill's push (the reserve head, the high-water mark), so the pool stays strictly
+increasing and no ID is pushed twice (docs/design.md §3.7).
 
 On a Redis Cluster tracking is per node connection and the tags are spread over nodes:
 the watcher does not run there (:func:`supported`), and the sweep runs every
@@ -69,10 +69,10 @@ HEARTBEAT_SECONDS = 1.0
 RECONNECT_SECONDS = 0.5
 #: a tag is read again this long after its queued marker's end (Redis has expired it)
 MARKER_MARGIN_SECONDS = 0.02
-#: a tag below its low-water mark gets from its reserve, at once, up to its target or
-#: the rate the watcher saw for this long, whichever is more: the refill queued lands
-#: within tens of milliseconds, so a second leaves a wide margin (a loaded machine, a
-#: queue with other tasks in it) and the next crossing moves more
+#: a tag below its low-water mark gets from its reserve, at once, the rate the watcher
+#: saw for this long (at least what takes it back to its target, up to a chunk): the
+#: refill queued lands within tens of milliseconds, so a second leaves a wide margin (a
+#: loaded machine, a queue with other tasks in it) and the next crossing moves more
 SPILL_SECONDS = 1.0
 #: at most this many IDs a move (100 chunks, one round trip; about 0.5 MB of Redis)
 MAX_SPILL = 100_000
@@ -118,8 +118,8 @@ class DropWatcher:
         watcher sees (then it queues a forced refill, which sizes by that rate); None:
         only drops below the low-water mark count. ``spill``: move reserve IDs into the
         list of a segment tag read below its low-water mark (``chunk`` IDs a script call,
-        at most ``max_spill``; the rate seen times ``spill_seconds`` or up to the
-        target)."""
+        at most ``max_spill``: the rate seen times ``spill_seconds``, at least what takes
+        the list back to its target up to ``chunk``)."""
         if not supported(pool):
             raise LeafpoolError("the drop watcher does not run on a Redis Cluster")
         self.pool = pool
@@ -310,8 +310,12 @@ class DropWatcher:
             if not (lv.known and lv.mode == "segment" and not lv.locked
                     and 0 <= lv.length < lv.low_water):
                 continue
+            # the rate decides; at least what takes the list back to its target, up to a
+            # chunk (a small pool is topped up as its refill would); not the whole way
+            # to a target sized for a rate gone by (a step down: the refill resizes)
             by_rate = math.ceil(rates.get(lv.tag, 0.0) * self.spill_seconds)
-            count = min(self.max_spill, max(lv.target - lv.length, by_rate))
+            least = min(lv.target - lv.length, spill.chunk)
+            count = min(self.max_spill, max(least, by_rate))
             try:
                 done = spill.move(lv.tag, count, lv.low_water, now_ms)
             except LeafpoolError as exc:  # the refill queued next fills it

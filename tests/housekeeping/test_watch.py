@@ -481,3 +481,21 @@ def test_a_tag_whose_refill_never_starts_after_a_move_is_queued_again(
     finally:
         w.stop()
     assert w.stats.spills == 1
+
+
+def test_after_a_step_down_a_move_follows_the_rate_not_a_target_sized_for_the_old_one(
+    pool: Pool, r: redis.Redis, queued: Queued
+) -> None:
+    """A list sized for a rate gone by (target 100,000) crosses its low-water mark at a
+    trickle: the move tops it up by a chunk, not by the 50,000 IDs its old target asks;
+    the refill queued resizes the pool."""
+    with_reserve(pool, r, "calm", n=50_000, low_water=50_000, ranges=("50001:200001",))
+    r.hset("leafpool:{calm}:state", "target", 100_000)
+    w = DropWatcher(pool, queued, interval_s=0.005).start()
+    try:
+        assert w.ready.wait(WAIT)
+        r.lpop("leafpool:{calm}:ids")  # 49,999 left: below the mark
+        services.wait_until(lambda: queued.tags() == ["calm"], WAIT, "refill queued")
+    finally:
+        w.stop()
+    assert w.stats.spilled == 1000 and r.llen("leafpool:{calm}:ids") == 50_999
