@@ -9,9 +9,12 @@ or in Core, ``Column("id", BigInteger, primary_key=True, default=leafpool_id("or
 
 SQLAlchemy calls a column default once per row, even in an executemany; this default
 takes the IDs of the whole statement at its first row, in one pop
-(:meth:`leafpool.orm.batch.IdBatches.take`), and hands them to the rows in order. So
-``session.execute(insert(Model), rows)`` and a Core executemany each cost one Redis
-round trip per statement. For ``session.add_all(...)`` a ``before_flush`` listener (on
+(:meth:`leafpool.orm.batch.IdBatches.take`), and hands them to the rows in order: a
+Core executemany costs one Redis round trip per statement. An ORM bulk INSERT
+(``session.execute(insert(Model), rows)``) does without the per-row call: its pop
+starts when the statement does (``do_orm_execute``), in a thread while the ORM copies
+the rows, and its IDs are set in those copies as they are sent (``before_execute``).
+For ``session.add_all(...)`` a ``before_flush`` listener (on
 every :class:`~sqlalchemy.orm.Session`, registered when this module is imported) gives
 the new objects their IDs before the flush, one pop per tag for all of them, in the
 order they were added: ``obj.id`` is known after ``flush()``, and the flush inserts in
