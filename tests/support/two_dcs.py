@@ -114,9 +114,6 @@ class Popper:
     def first_served_after(self, t: float) -> float | None:
         return next((c.end for c in list(self.calls) if c.start >= t and c.ids), None)
 
-    def empty_between(self, start: float, end: float) -> int:
-        return sum(1 for c in list(self.calls) if start <= c.start <= end and not c.ids)
-
     def longest_pause(self, start: float, end: float) -> float:
         """The longest stretch between two calls that got IDs (or the window's ends)."""
         times = [start] + [c.end for c in list(self.calls) if c.ids and start <= c.end <= end]

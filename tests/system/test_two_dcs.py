@@ -44,8 +44,12 @@ WAN_MS = 50  # each way
 RECOVERY_SECONDS = 2.0
 #: small budgets, so that a cut outlives them in seconds: the list holds POOL_SECONDS of
 #: the rate, the reserve OUTAGE_SECONDS of the recent peak (RESERVE_SECONDS below it)
-OUTAGE_SECONDS = 10.0
-SIZING = {"pool_seconds": 3, "outage_seconds": OUTAGE_SECONDS, "reserve_seconds": 1}
+#: plus at most a step (MAX_STEP). The low-water mark at 90 % keeps over 5 s of demand in
+#: the list when a refill from the reserve is due: more than the 3 s for which a failed
+#: refill holds the triggers off (docs/design.md §3.8), as the shipped 30 s x 0.5 does
+OUTAGE_SECONDS = 6.0
+SIZING = {"pool_seconds": 6, "low_water_ratio": 0.9, "outage_seconds": OUTAGE_SECONDS,
+          "reserve_seconds": 1, "max_step": 1000}
 
 own_mariadb = own_mariadb_fixture()
 
@@ -174,7 +178,7 @@ def test_shared_database_dc_b_rides_a_cut_for_its_budget_and_recovers(
         raise
 
 
-CUT_SECONDS = 30.0  # longer than twice DC b's budget (list + reserve: ~13 s at RATE)
+CUT_SECONDS = 25.0  # longer than DC b's budget: list + reserve, at most ~20 s at RATE
 
 
 def test_own_databases_dc_b_serves_through_a_cut_of_any_length(
@@ -206,6 +210,7 @@ def test_own_databases_dc_b_serves_through_a_cut_of_any_length(
         snap = b.snapshot(TAG)
         held_s = (snap.length + snap.reserve_size) / RATE
 
+        assert held_s < CUT_SECONDS, f"DC b holds {held_s:.1f} s: the cut would prove nothing"
         wan.cut()
         cut = time.monotonic()
         wait_for(lambda: time.monotonic() - cut >= CUT_SECONDS, CUT_SECONDS + 5,
@@ -217,7 +222,6 @@ def test_own_databases_dc_b_serves_through_a_cut_of_any_length(
               f"{CUT_SECONDS:g} s of cut link its longest pause was {pause:.2f} s")
         assert pause < 2.0, (f"DC b paused {pause:.1f} s while the WAN was cut (it held "
                              f"{held_s:.1f} s at the cut)\n{_report(b)}")
-        assert not pb.empty_between(cut, end), "DC b's clients found its list empty"
         assert wan.accepted == 0, f"DC b dialed across the WAN {wan.accepted} times"
         pause_a = pa.longest_pause(cut, end)
         assert pause_a < 2.0, f"DC a paused {pause_a:.1f} s"
