@@ -3,7 +3,8 @@ with a short reserve, or found empty by a client. A short-lived ``queued`` marke
 keeps the same refill from being queued twice (docs/design.md §3.7).
 
 :func:`sweep` reads each tag's :class:`~leafpool.redis.pool.Level` (``LLEN`` of the list and
-four state fields, two commands a tag) and the lock only of the tags found due: the
+four state fields, two commands a tag), the ``queued`` marker only of the tags found due
+and the lock only of those no trigger holds (:func:`unmarked`): the
 reserve's shortness is recorded by the refill that left it short (``reserve_due``),
 so the reserve itself is not read. :func:`snapshot_sweep` is the sweep before that (a
 full snapshot of every tag: the reserve ranges, the whole state hash, the lock), kept as
@@ -90,9 +91,22 @@ def sweep(
     names = pool.tags() if tags is None else sorted(set(tags) | wanted)
     levels = pool.levels(names)
     note_dry(pool, levels, int(wall() * 1000))
-    due = due_tags(levels, wanted)
+    due = unmarked(pool, due_tags(levels, wanted))
     locked = pool.locks_held([d.tag for d in due]) if due else []
     return [(d.tag, d.mode, d.force) for d in queue_due(pool, due, locked, queued_seconds)]
+
+
+def unmarked(pool: Pool, due: Sequence[Due]) -> list[Due]:
+    """The due tags no trigger holds (no ``queued`` marker: ``PTTL`` -2), one read each.
+    A held tag would not be queued anyway (its marker fails the ``SET NX``); reading
+    the markers first spares the lock read and the marker write of each held tag: after
+    the tag sync registers 100,000 new tags, every one is due (never refilled) and held
+    by the sync's marker until its first-fill batch runs, and a sweep read 100,000 locks
+    and tried 100,000 markers in vain."""
+    if not due:
+        return []
+    ttls = pool.queued_ttls([d.tag for d in due])
+    return [d for d, ttl in zip(due, ttls, strict=True) if ttl == -2]
 
 
 def snapshot_sweep(pool: Pool, queued_seconds: int) -> list[tuple[str, str, bool]]:

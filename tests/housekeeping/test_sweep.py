@@ -109,3 +109,22 @@ def test_the_sweep_marks_a_list_emptied_by_plain_pops_dry_and_clears_it_once_fil
     sweep(pool, 30, wall=lambda: 1_700_000_042.0)
     state = r.hgetall("leafpool:{t}:state")
     assert state[b"dry_since_ms"] == b"" and state[b"dry_ms"] == b"42000"
+
+
+def _calls(r: redis.Redis, command: str) -> int:
+    return int(r.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_a_due_tag_held_by_a_marker_costs_the_sweep_one_read(pool: Pool, r: redis.Redis) -> None:
+    """After the tag sync registers many tags, every one is due (never refilled) and held
+    by the sync's marker until its first-fill batch runs: the sweep reads each marker
+    and neither its lock nor tries its marker (100,000 of each, in vain, for 100,000 new
+    tags). A due tag no trigger holds is still queued."""
+    for n in range(20):
+        pool.register(f"held{n:02d}", "segment", 0)
+    pool.mark_queued_many([f"held{n:02d}" for n in range(20)], 300)
+    pool.register("free", "segment", 0)
+    gets, sets = _calls(r, "get"), _calls(r, "set")
+    assert sweep(pool, 30) == [("free", "segment", False)]
+    assert _calls(r, "get") - gets == 1  # the free tag's lock
+    assert _calls(r, "set") - sets == 1  # the free tag's marker
