@@ -26,10 +26,9 @@ from typing import ClassVar
 from leafpool.core.config import Settings
 from leafpool.core.errors import BackendUnavailable, InvalidArgument, WorkerIdUnavailable
 from leafpool.core.setting_values import validate_name
-from leafpool.core.snowflake_layout import validate_worker_id, wall_clock_ms
+from leafpool.core.snowflake_layout import dc_range, validate_worker_id, wall_clock_ms
 from leafpool.snowflake.registry.cache import CacheFile, CacheRecord
 from leafpool.snowflake.registry.identity import safe_identity, split_identity
-from leafpool.snowflake.registry.layout import outside, settings_range
 from leafpool.snowflake.registry.ready import Readiness, ReadyFile, ready_dir
 from leafpool.snowflake.registry.start import Lease, Start, cached_start, clock_check
 from leafpool.snowflake.registry.timing import LeaseDeadline
@@ -72,9 +71,7 @@ class BaseRegistry:
         self.safe_identity = safe_identity(identity)
         self.host, self.rest = split_identity(identity)
         self.name = validate_name(settings.snowflake_name)
-        #: the worker IDs this DC leases (docs/design.md §12.1): every mode takes its ID
-        #: in it, and a claim of one outside it is refused here whatever the mode did
-        self.dc = settings_range(settings)
+        self.dc = dc_range(settings.dc_id, settings.dc_count)  # docs/design.md §12.1
         self.clock = clock
         self.sleep = sleep
         self.monotonic = monotonic
@@ -120,8 +117,6 @@ class BaseRegistry:
             try:
                 start = self._acquire(self.read_cache())
                 validate_worker_id(start.worker_id)
-                if start.worker_id not in self.dc:
-                    raise outside(self.identity, self.dc, start.worker_id, f"mode {self.mode}")
                 self.source_mark = start.mark if start.durable is None else start.durable
                 self._write_cache(start.worker_id, start.mark)
             except BaseException:
@@ -350,11 +345,7 @@ class BaseRegistry:
 
     def _cached_start(self, reason: str, cause: BaseException, cached: CacheRecord | None) -> Start:
         """The source is unreachable: start from the cache file
-        (:func:`~leafpool.snowflake.registry.start.cached_start`). A cached worker ID
-        outside this DC's range (the DC settings changed since) is refused."""
-        if cached is not None and cached.worker_id not in self.dc:
-            raise outside(self.identity, self.dc, cached.worker_id,
-                          f"the cache file {self.cache.path}") from cause
+        (:func:`~leafpool.snowflake.registry.start.cached_start`)."""
         return cached_start(self, reason, cause, cached)
 
     def _fence(self, reason: str) -> None:

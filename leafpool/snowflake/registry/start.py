@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from leafpool.core.errors import ClockMovedBackwards, WorkerIdUnavailable
-from leafpool.core.snowflake_layout import iso_utc, validate_worker_id
+from leafpool.core.snowflake_layout import DcRange, iso_utc, validate_worker_id
 from leafpool.snowflake.registry.cache import CacheFile, CacheRecord
+from leafpool.snowflake.registry.layout import outside
 from leafpool.snowflake.registry.timing import LeaseDeadline
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class Claimant(Protocol):
     deadline: LeaseDeadline
     token: str
     degraded: bool
+    dc: DcRange
 
     @property
     def mode(self) -> str: ...
@@ -76,7 +78,13 @@ def clock_check(reg: Claimant, worker_id: int, recorded: int, where: str,
     a start behind it by no more than that, and not behind this identity's own cache file,
     is a holder's window still running, not a clock moved back: it is refused as
     :class:`WorkerIdUnavailable` (claim again once it passed), and counts as no clock
-    event."""
+    event.
+
+    Every claim comes here, from the source or the cache file: a worker ID outside this
+    DC's range (docs/design.md §12.1) is refused whatever the mode did (a cache file
+    from before the DC settings changed)."""
+    if worker_id not in reg.dc:
+        raise outside(reg.identity, reg.dc, worker_id, where)
     own = cached.last_timestamp if cached is not None else 0
     if own > recorded:
         recorded, where = own, f"the cache file {reg.cache.path}"
