@@ -35,7 +35,6 @@ from leafpool.redis.coalesce import IN_FLIGHT, Coalescer
 from leafpool.redis.connect import AsyncRedisClient, RedisClient, connect, connect_async
 from leafpool.redis.pool import Pool
 from leafpool.redis.pool_async import AsyncPool
-from leafpool.redis.pool_common import Snapshot
 
 _T = TypeVar("_T")
 Policy = Literal["raise", "wait", "reserve"]
@@ -71,11 +70,10 @@ def _check_least(n: int, at_least: int | None) -> int:
     return at_least
 
 
-def _empty(tag: str, snap: Snapshot | None, waited: float, got: list[int]) -> PoolEmpty:
+def _empty(tag: str, since: int, waited: float, got: list[int]) -> PoolEmpty:
     """The error for a pool found empty: it says since when the database has been
-    unreachable when the tag's refills recorded so (``db_unreachable_ms``, docs/design.md
-    §3.8): the pool rode through on its list and reserve and has run dry."""
-    since = snap.int("db_unreachable_ms") if snap is not None else 0
+    unreachable when the tag's refills recorded so (``since``: ``db_unreachable_ms``,
+    docs/design.md §3.8): the pool rode through on its list and reserve and has run dry."""
     if since > 0:
         return PoolEmptyDatabaseUnreachable(tag, since, int(time.time() * 1000), waited, got)
     return PoolEmpty(tag, waited, partial=got)
@@ -181,13 +179,13 @@ class Client(_Base):
         return self._wait(tag, n, got)
 
     def _empty(self, tag: str, waited: float, got: list[int]) -> PoolEmpty:
-        """:class:`PoolEmpty`, saying why when the database is the reason (one read of
-        the tag's state, on this path only; a Redis error leaves the plain one)."""
+        """:class:`PoolEmpty`, saying why when the database is the reason (one ``HGET``
+        of the tag's state, on this path only; a Redis error leaves the plain one)."""
         try:
-            snap: Snapshot | None = self.pool.snapshot(tag)
+            since = self.pool.db_unreachable_ms(tag)
         except BackendUnavailable:
-            snap = None
-        return _empty(tag, snap, waited, got)
+            since = 0
+        return _empty(tag, since, waited, got)
 
     def _from_reserve(self, tag: str, n: int) -> list[int]:
         """Take up to ``n`` IDs from the reserve head while the list is empty."""
@@ -336,10 +334,10 @@ class AsyncClient(_Base):
 
     async def _empty(self, tag: str, waited: float, got: list[int]) -> PoolEmpty:
         try:
-            snap: Snapshot | None = (await self.pool.snapshots([tag]))[0]
+            since = await self.pool.db_unreachable_ms(tag)
         except BackendUnavailable:
-            snap = None
-        return _empty(tag, snap, waited, got)
+            since = 0
+        return _empty(tag, since, waited, got)
 
     async def _from_reserve(self, tag: str, n: int) -> list[int]:
         out: list[int] = []

@@ -5,7 +5,8 @@ redis-server and runs every part of leafpool under its role.
 
 - ``app``: pops (``LPOP``, ``LPOP n``, ``BLPOP`` on ``P:*:ids``), and on an empty pool
   asks whether the tag exists (``SISMEMBER P:tags``), signals it (``SADD P:wanted``) and
-  counts it (``HINCRBY P:*:hits``); ``WAIT`` and ``INFO`` for replica-acknowledged pops.
+  counts it (``HINCRBY P:*:hits``), and reads why (``HGET P:*:state``: whether the
+  database is unreachable, for the error); ``WAIT`` and ``INFO`` for replica-acknowledged pops.
   Each command only on its own keys (one selector each): ``SADD`` cannot make a set of an
   empty ``ids`` list, ``HINCRBY`` cannot touch ``state``. Nothing it can send changes what
   a refiller reads: state, reserve, lock and high-water mark are out of its reach. The
@@ -76,6 +77,7 @@ def _app(prefix: str) -> list[str]:
         f"(+sismember ~{prefix}:tags)",
         f"(+sadd ~{prefix}:wanted)",
         f"(+hincrby ~{prefix}:*:hits)",
+        f"(+hget ~{prefix}:*:state)",
     ]
 
 

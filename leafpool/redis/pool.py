@@ -135,6 +135,14 @@ class Pool(Pops, ManyTags):
             raw = safely(lambda: self.redis.hget(self.tag(tag).state, "mode"))
         return text(raw) if raw else None
 
+    def db_unreachable_ms(self, tag: str) -> int:
+        """When the tag's refills found the database unreachable (ms, 0: they did not):
+        the one state field the ``app`` role may read (``HGET``), for the empty-pool error
+        (docs/design.md §3.8)."""
+        with redis_errors(f"{tag}: db_unreachable_ms"):
+            raw = safely(lambda: self.redis.hget(self.tag(tag).state, "db_unreachable_ms"))
+        return int(raw) if raw and text(raw).isdigit() else 0
+
     # -- reads --------------------------------------------------------------------------
 
     def snapshot(self, tag: str) -> Snapshot:

@@ -111,6 +111,13 @@ class AsyncPool:
         with redis_errors(f"{tag}: membership"):
             return bool(await safely_async(lambda: self.redis.sismember(self.keys.tags, tag)))
 
+    async def db_unreachable_ms(self, tag: str) -> int:
+        """As :meth:`leafpool.redis.pool.Pool.db_unreachable_ms`."""
+        with redis_errors(f"{tag}: db_unreachable_ms"):
+            raw = await safely_async(
+                lambda: self.redis.hget(self.tag(tag).state, "db_unreachable_ms"))
+        return int(raw) if raw and text(raw).isdigit() else 0
+
     async def want(self, tag: str) -> None:
         with redis_errors(f"{tag}: want"):
             await safely_async(lambda: self.redis.sadd(self.keys.wanted, tag))
