@@ -230,8 +230,9 @@ def test_a_cache_file_outside_the_dc_s_range_is_not_started_from(
     site = sites[0]
     reg = site.open("host-a:w:0", 0, 1)
     assert reg.claim().worker_id in dc_range(0, 2)  # and held: its cached lease runs
-    gone: dict[str, object] = {"zk_hosts": f"127.0.0.1:{services.free_port()}"} if site.mode == "zk" else {
-        "database_url": f"mysql+pymysql://u:p@127.0.0.1:{services.free_port()}/x"}
+    port = services.free_port()
+    gone: dict[str, object] = {"zk_hosts": f"127.0.0.1:{port}"} if site.mode == "zk" else {
+        "database_url": f"mysql+pymysql://u:p@127.0.0.1:{port}/x"}
     unreachable = site.open("host-a:w:0", 1, 2, more=gone)
     with pytest.raises(WorkerIdUnavailable) as refused:
         unreachable.claim()
