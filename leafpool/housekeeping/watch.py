@@ -27,14 +27,15 @@ tag for the marker's few seconds and a heartbeat, not until the sweep (docs/desi
 
 A segment tag read below its low-water mark while no refill holds it gets IDs from its
 reserve at once (:class:`~leafpool.redis.spill.ReserveSpill`, ``spill_reserve.lua``):
-the watcher's recent rate for ``SPILL_SECONDS``, or when that is less what takes the
-list back to its target up to a chunk, at most ``MAX_SPILL``; then its refill is queued
-as before. Those IDs were allocated already (the reserve, docs/design.md §3.8), so the
-move asks no database and waits for no Celery worker: a 500x demand step no longer
-drains the list in the 30-50 ms between the pop that crosses the mark and the refill's
-first push. The script is refused while the tag's refill lock exists and is fenced like
-a refill's push (the reserve head, the high-water mark), so the pool stays strictly
-increasing and no ID is pushed twice (docs/design.md §3.7).
+the watcher's recent rate (or the rate since the tag's last read, over at least
+``SHORT_SPAN_SECONDS``, when that is more) for ``SPILL_SECONDS``, or when that is less
+what takes the list back to its target up to a chunk, at most ``MAX_SPILL``; then its
+refill is queued as before. Those IDs were allocated already (the reserve,
+docs/design.md §3.8), so the move asks no database and waits for no Celery worker: a
+500x demand step no longer drains the list in the 30-50 ms between the pop that crosses
+the mark and the refill's first push. The script is refused while the tag's refill lock
+exists and is fenced like a refill's push (the reserve head, the high-water mark), so
+the pool stays strictly increasing and no ID is pushed twice (docs/design.md §3.7).
 
 On a Redis Cluster tracking is per node connection and the tags are spread over nodes:
 the watcher does not run there (:func:`supported`), and the sweep runs every
@@ -74,6 +75,8 @@ MARKER_MARGIN_SECONDS = 0.02
 #: refill queued lands within tens of milliseconds, so a second leaves a wide margin (a
 #: loaded machine, a queue with other tasks in it) and the next crossing moves more
 SPILL_SECONDS = 1.0
+#: a move reads the rate since a tag's last read over at least this long
+SHORT_SPAN_SECONDS = 0.1
 #: at most this many IDs a move (100 chunks, one round trip; about 0.5 MB of Redis)
 MAX_SPILL = 100_000
 
@@ -136,6 +139,7 @@ class DropWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._rates: dict[str, RecentRate] = {}
+        self._last: dict[str, tuple[float, int]] = {}  # tag -> its last read: time, consumed
         # due and not locked (queued, or marked queued by another): read again when its
         # marker ends (tag -> that monotonic time) and at every heartbeat, until a refill
         # holds its lock or it is no longer due
@@ -221,6 +225,7 @@ class DropWatcher:
                         dirty |= fresh - known
                         for gone in known - fresh:
                             self._rates.pop(gone, None)
+                            self._last.pop(gone, None)
                         known = fresh
                     wanted: set[str] = set()
                     if wanted_dirty:
@@ -258,12 +263,13 @@ class DropWatcher:
         # (docs/design.md §3.8); a push is heard too: no longer dry
         note_dry(self.pool, levels, int(self._wall() * 1000))
         now = self._monotonic()
-        rates = {}
+        rates, lately = {}, {}
         for lv in levels:
             if lv.known:
                 recent = self._rates.setdefault(lv.tag, RecentRate())
                 rates[lv.tag] = recent.add(now, lv.consumed)
-        self._spill_below(levels, rates)
+                lately[lv.tag] = max(rates[lv.tag], self._since_last(lv.tag, now, lv.consumed))
+        self._spill_below(levels, lately)
         due = due_tags(levels, wanted)
         if self._outgrown is not None:
             listed = {d.tag for d in due}
@@ -296,6 +302,17 @@ class DropWatcher:
             at = now + ends.get(tag, HEARTBEAT_SECONDS) + MARKER_MARGIN_SECONDS
             self._recheck[tag] = at
             self._next_end = min(self._next_end, at)
+
+    def _since_last(self, tag: str, now: float, consumed: int) -> float:
+        """The rate since the tag's last read, over at least ``SHORT_SPAN_SECONDS``: a
+        burst shows at once, where the recent rate (over at least a second, for sizing)
+        reads 50,000 IDs/s as 2,500 IDs/s 50 ms into it. For a move only: one batch pop
+        of 100 just after a read moves 1,000 IDs, not a pool sized for 1,000 IDs/s."""
+        last = self._last.get(tag)
+        self._last[tag] = (now, consumed)
+        if last is None or consumed < last[1]:
+            return 0.0
+        return (consumed - last[1]) / max(now - last[0], SHORT_SPAN_SECONDS)
 
     def _spill_below(self, levels: list[Level], rates: dict[str, float]) -> None:
         """Move reserve IDs into the list of each segment tag read below its low-water
