@@ -26,7 +26,7 @@ import pytest
 
 from leafpool.client import Client
 from leafpool.core.config import load_settings
-from leafpool.core.errors import PoolEmpty
+from leafpool.core.errors import PoolEmptyDatabaseUnreachable
 from leafpool.core.snowflake_layout import MAX_WORKER_ID, decode
 from leafpool.segment.counter import DcSlot, own_slot
 from leafpool.segment.store import SegmentStore
@@ -140,7 +140,9 @@ def test_shared_database_dc_b_rides_a_cut_for_its_budget_and_recovers(
         client = Client(settings=settings, policy="raise")
         try:
             wait_for(lambda: not b.r.llen(b.key(TAG)), 5, "DC b's list at 0")  # type: ignore[union-attr]
-            with pytest.raises(PoolEmpty, match=f"{TAG}: pool empty"):
+            with pytest.raises(PoolEmptyDatabaseUnreachable,
+                               match=f"{TAG}: pool empty: the database has been unreachable "
+                                     "since"):
                 client.next_id(TAG)
         finally:
             client.close()
