@@ -70,7 +70,9 @@ app.conf.update(
         SWEEP_ENTRY: {
             "task": "leafpool.sweep",
             "schedule": timedelta(seconds=sweep_seconds),
-            "options": {"expires": max(sweep_seconds * 5, 5)},
+            # one interval (5 s at least): sweeps that waited longer in a busy queue are
+            # dropped, not run one after another (and one runs at a time: the sweep lock)
+            "options": {"expires": max(sweep_seconds, 5)},
         },
         SYNC_ENTRY: {
             "task": "leafpool.sync_tags",

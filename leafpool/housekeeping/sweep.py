@@ -11,6 +11,12 @@ full snapshot of every tag: the reserve ranges, the whole state hash, the lock),
 the benchmark's baseline. With ``tags``, :func:`sweep` looks only at those (the drop
 watcher's dirty tags: the incremental sweep).
 
+:func:`sweep_pass` is the beat's periodic sweep: one at a time (the sweep lock, a short
+Redis lock with a TTL: a sweep that finds it held looks only at the wanted tags and
+returns), and with the drop watcher running its full passes at least
+:func:`full_pass_seconds` apart: N / 250 s for N tags, so the backstop's cost at rest
+stays near 0.5 % of a core however many tags there are (docs/design.md §3.7).
+
 Both the sweep and the drop watcher also keep each tag's dry mark true to its list
 (:func:`note_dry`, docs/design.md §3.8): a list found at 0 after pushes is marked dry
 from then on, one found holding IDs again is marked no longer dry.
@@ -24,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from leafpool.core.errors import LeafpoolError
+from leafpool.redis.lock import TokenLock
 from leafpool.redis.pool import Level, Pool
 
 #: how long a trigger's ``queued`` marker holds a tag (the drop watcher's, the sweep's, a
@@ -33,6 +40,37 @@ from leafpool.redis.pool import Level, Pool
 #: again within this and a heartbeat (docs/design.md §3.7). A task that waits longer in a
 #: busy queue is queued twice at worst: the second refill finds the tag locked or full
 QUEUED_SECONDS = 3
+#: with the drop watcher running, the sweep's full passes are at least this many seconds
+#: a tag apart (N / 250 s): up to 7,500 tags keep LEAFPOOL_WATCH_SWEEP_SECONDS' 30 s,
+#: 100,000 tags are swept every 400 s (docs/design.md §3.7)
+SWEEP_SECONDS_PER_TAG = 0.004
+#: a running sweep holds the sweep lock this long at least (and 4 intervals at least): a
+#: sweep lost with its worker holds the next full pass off that long at worst
+SWEEP_LOCK_SECONDS = 120.0
+
+
+def full_pass_seconds(tags: int, interval: float, watching: bool) -> float:
+    """The least time between the starts of two full sweeps of ``tags`` tags, the beat
+    sending a sweep every ``interval`` seconds: the interval itself without the drop
+    watcher (the sweep is then the only trigger), else at least ``tags`` x
+    :data:`SWEEP_SECONDS_PER_TAG`."""
+    if tags < 0 or interval <= 0:
+        raise ValueError(f"full_pass_seconds: tags {tags} must be >= 0 and interval "
+                         f"{interval} > 0")
+    return max(interval, tags * SWEEP_SECONDS_PER_TAG) if watching else interval
+
+
+@dataclass(frozen=True)
+class SweepPass:
+    """One periodic sweep: what it queued; ``full``: it read every tag (else another sweep
+    ran or the last full pass is resting: it read only the wanted tags); ``tags``: how
+    many the pool held; ``rest_seconds``: how long the lock now holds the next full pass
+    off."""
+
+    queued: list[tuple[str, str, bool]]
+    full: bool
+    tags: int = 0
+    rest_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -89,11 +127,52 @@ def sweep(
     kept true on the way (:func:`note_dry`)."""
     wanted = set(pool.take_wanted())
     names = pool.tags() if tags is None else sorted(set(tags) | wanted)
+    if not names:
+        return []
     levels = pool.levels(names)
     note_dry(pool, levels, int(wall() * 1000))
     due = unmarked(pool, due_tags(levels, wanted))
     locked = pool.locks_held([d.tag for d in due]) if due else []
     return [(d.tag, d.mode, d.force) for d in queue_due(pool, due, locked, queued_seconds)]
+
+
+def sweep_lock(pool: Pool, interval: float) -> TokenLock:
+    """The lock one periodic sweep holds while it runs, and then while its full pass rests."""
+    seconds = max(SWEEP_LOCK_SECONDS, 4 * interval)
+    return TokenLock(pool.redis, f"{pool.keys.prefix}:sweep:lock", int(seconds * 1000))
+
+
+def sweep_pass(
+    pool: Pool, queued_seconds: int, interval: float, watching: bool,
+    wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+) -> SweepPass:
+    """The beat's sweep, sent every ``interval`` seconds: a full :func:`sweep` under the
+    sweep lock, or, while another holds it, only the wanted tags (a client found them
+    empty; the marker keeps each from being queued twice). After a full pass the lock is
+    kept until :func:`full_pass_seconds` from its start, less half an interval (the beat's
+    next sweep at or after that time does the next full pass); when that is the interval
+    itself (a few thousand tags, or no watcher) it is released at once: every sweep the
+    beat sends is a full pass, as before."""
+    lock = sweep_lock(pool, interval)
+    if not lock.acquire():
+        return SweepPass(sweep(pool, queued_seconds, tags=(), wall=wall), full=False)
+    started = monotonic()
+    rest = 0.0
+    try:
+        queued = sweep(pool, queued_seconds, wall=wall)
+        count = pool.tag_count()
+        gap = full_pass_seconds(count, interval, watching)
+        if gap > interval:
+            rest = gap - interval / 2 - (monotonic() - started)
+    finally:
+        if rest >= 0.1:
+            lock.ttl_ms = int(rest * 1000)
+            if not lock.extend():  # expired mid-pass: the next sweep runs at once
+                rest = 0.0
+        else:
+            rest = 0.0
+            lock.release()
+    return SweepPass(queued, full=True, tags=count, rest_seconds=rest)
 
 
 def unmarked(pool: Pool, due: Sequence[Due]) -> list[Due]:

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+import pytest
 import redis
 
-from leafpool.housekeeping.sweep import snapshot_sweep, sweep
-from leafpool.redis.pool import Pool
+from leafpool.core.errors import LeafpoolError
+from leafpool.housekeeping.sweep import (
+    SweepPass,
+    full_pass_seconds,
+    snapshot_sweep,
+    sweep,
+    sweep_pass,
+)
+from leafpool.redis.pool import Level, Pool
 
 
 def test_sweep_queues_new_low_and_wanted_tags_once(pool: Pool, r: redis.Redis) -> None:
@@ -128,3 +140,86 @@ def test_a_due_tag_held_by_a_marker_costs_the_sweep_one_read(pool: Pool, r: redi
     assert sweep(pool, 30) == [("free", "segment", False)]
     assert _calls(r, "get") - gets == 1  # the free tag's lock
     assert _calls(r, "set") - sets == 1  # the free tag's marker
+
+
+# -- the periodic sweep: one at a time, full passes spaced by the tag count --------------
+
+
+def test_full_pass_spacing_grows_with_the_tags_only_while_the_watcher_runs() -> None:
+    assert full_pass_seconds(0, 30, watching=True) == 30
+    assert full_pass_seconds(3_000, 30, watching=True) == 30  # a few thousand: as before
+    assert full_pass_seconds(7_500, 30, watching=True) == 30
+    assert full_pass_seconds(10_000, 30, watching=True) == 40
+    assert full_pass_seconds(100_000, 30, watching=True) == 400
+    assert full_pass_seconds(100_000, 1, watching=False) == 1  # the only trigger
+    with pytest.raises(ValueError, match="tags -1 must be >= 0"):
+        full_pass_seconds(-1, 30, watching=True)
+    with pytest.raises(ValueError, match="interval 0 > 0"):
+        full_pass_seconds(10, 0, watching=True)
+
+
+def test_two_sweeps_started_together_one_does_the_work(pool: Pool, r: redis.Redis) -> None:
+    """A sweep that starts while another runs reads only the wanted tags and returns: the
+    second sweep is started inside the first one's pass (at its dry-mark step, after
+    its read of every tag), so the two overlap for certain."""
+    for i in range(20):
+        pool.register(f"t{i}", "segment", 0)  # never filled: all due
+    pool.register("full", "segment", 0, low_water=2, target=4)
+    r.rpush("leafpool:{full}:ids", 1, 2, 3)
+    inner: list[SweepPass] = []
+    tags_read = Counter()
+    real_levels = pool.levels
+
+    def counting_levels(tags: Sequence[str]) -> list[Level]:
+        tags_read.update(tags)
+        return real_levels(tags)
+
+    def wall() -> float:
+        if not inner:
+            pool.want("full")  # a client found it empty meanwhile
+            inner.append(sweep_pass(pool, 30, interval=30, watching=True))
+        return time.time()
+
+    pool.levels = counting_levels  # type: ignore[method-assign]
+    outer = sweep_pass(pool, 30, interval=30, watching=True, wall=wall)
+    assert outer.full and not inner[0].full
+    assert sorted(t for t, _, _ in outer.queued) == sorted(f"t{i}" for i in range(20))
+    assert inner[0].queued == [("full", "segment", True)]  # the wanted tag, at once
+    # every tag read by one sweep only (the wanted one again by the second)
+    assert tags_read["t0"] == 1 and tags_read["full"] == 2
+    # 21 tags at 30 s: the lock is released at once, the next sweep is a full pass
+    assert not r.exists("leafpool:sweep:lock")
+    assert sweep_pass(pool, 30, interval=30, watching=True).full
+
+
+def test_a_full_pass_over_many_tags_rests_until_its_spacing(pool: Pool, r: redis.Redis) -> None:
+    """1,000 tags at a 1 s interval: 4 s between full passes with the watcher, so the
+    lock is kept about 3.5 s after the pass (the beat's sweep at or after 4 s runs the
+    next); the sweeps between read only the wanted tags. Without the watcher every
+    sweep is a full pass."""
+    pool.register_many([(f"t{i:04}", "segment", 0, {}) for i in range(1_000)])
+    first = sweep_pass(pool, 30, interval=1, watching=True)
+    assert first.full and first.tags == 1_000 and len(first.queued) == 1_000
+    assert 3.0 < first.rest_seconds <= 3.5
+    assert 3_000 < r.pttl("leafpool:sweep:lock") <= 3_500
+    pool.want("t0001")
+    between = sweep_pass(pool, 30, interval=1, watching=True)
+    assert not between.full and between.queued == []  # t0001 is held by its marker
+    r.delete("leafpool:sweep:lock")  # the rest ends
+    assert sweep_pass(pool, 30, interval=1, watching=True).full
+    r.delete("leafpool:sweep:lock")
+    assert sweep_pass(pool, 30, interval=1, watching=False).rest_seconds == 0
+    assert not r.exists("leafpool:sweep:lock")
+    assert sweep_pass(pool, 30, interval=1, watching=False).full
+
+
+def test_a_failed_sweep_releases_the_lock(pool: Pool, r: redis.Redis) -> None:
+    pool.register("t", "segment", 0)
+
+    def broken() -> float:
+        raise LeafpoolError("redis went away")
+
+    with pytest.raises(LeafpoolError):
+        sweep_pass(pool, 30, interval=1, watching=True, wall=broken)
+    assert not r.exists("leafpool:sweep:lock")
+    assert sweep_pass(pool, 30, interval=1, watching=True).full
