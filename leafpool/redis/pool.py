@@ -126,6 +126,11 @@ class Pool(Pops, ManyTags):
         with redis_errors("list tags"):
             return sorted(text(t) for t in safely(lambda: self.redis.smembers(self.keys.tags)))
 
+    def tag_count(self) -> int:
+        """How many tags the pool knows (``SCARD``: one reply, not the names)."""
+        with redis_errors("count tags"):
+            return int(safely(lambda: self.redis.scard(self.keys.tags)))
+
     def is_known(self, tag: str) -> bool:
         with redis_errors(f"{tag}: membership"):
             return bool(safely(lambda: self.redis.sismember(self.keys.tags, tag)))
