@@ -15,7 +15,7 @@ from leafpool.redis.pool import Pool
 from leafpool.refill import retry as retrying
 from leafpool.refill.base import Refiller
 from leafpool.refill.batch import refill_many
-from workers.application import app, settings
+from workers.application import app, settings, sweep_seconds, watching
 from workers.resources import runtime
 
 log = logging.getLogger(__name__)
@@ -62,13 +62,17 @@ def sweep() -> dict[str, object]:
     rt = runtime()
     queued = []
     # the trigger's short marker (docs/design.md §3.7): a refill that cannot run holds the
-    # tag seconds, and the next sweep or the watcher queues it again
-    for tag, mode, force in sweeping.sweep(rt.pool, queued_seconds=sweeping.QUEUED_SECONDS):
+    # tag seconds, and the next sweep or the watcher queues it again. One sweep at a time,
+    # full passes spaced by the tag count while the watcher runs (sweep_pass)
+    done = sweeping.sweep_pass(rt.pool, sweeping.QUEUED_SECONDS, interval=sweep_seconds,
+                               watching=watching)
+    for tag, mode, force in done.queued:
         task = REFILL_TASKS.get(mode)
         if task is not None:
             task.delay(tag, force)
             queued.append(tag)
-    return {"queued": queued}
+    return {"queued": queued, "full": done.full, "tags": done.tags,
+            "rest_seconds": round(done.rest_seconds, 1)}
 
 
 # The first fill of thousands of new tags is a backlog of batch tasks; a live tag's
@@ -108,6 +112,11 @@ REFILL_TASKS = {"segment": refill_segment, "snowflake": refill_snowflake}
 BATCH_REFILL_TASKS = {"segment": refill_segments, "snowflake": refill_snowflakes}
 
 
+#: what this process's last full tag sync saw: the syncs after it skip their reads of
+#: Redis while the database's tags and the pool's tag count are unchanged (design §4)
+SYNC_MEMO = sync.SyncMemo()
+
+
 @app.task(name="leafpool.sync_tags", autoretry_for=(BackendUnavailable,), max_retries=3,
           retry_backoff=True)
 def sync_tags() -> dict[str, object]:
@@ -119,7 +128,8 @@ def sync_tags() -> dict[str, object]:
     # batches: the new tags are marked queued before they are registered (the drop
     # watcher would otherwise queue one refill per tag the moment it sees them)
     result = sync.sync_tags(rt.pool, rt.store,
-                            queued_seconds=rt.settings.visibility_timeout if size > 1 else None)
+                            queued_seconds=rt.settings.visibility_timeout if size > 1 else None,
+                            memo=SYNC_MEMO)
     for mode, tags in result.added_by_mode().items():
         if size == 1:  # one task per tag
             single = REFILL_TASKS[mode]

@@ -5,6 +5,7 @@ the sweep (:mod:`~leafpool.housekeeping.sweep`) and the drop watcher
 (:mod:`~leafpool.housekeeping.watch`). They decide; the Celery code in ``workers/`` acts
 (queues the tasks): this room does not import Celery.
 
-May import: :mod:`leafpool.core`, :mod:`leafpool.redis`, :mod:`leafpool.refill`,
+May import: :mod:`leafpool.core`, :mod:`leafpool.database` (the tag sync's fingerprint of
+the database's tags), :mod:`leafpool.redis`, :mod:`leafpool.refill`,
 :mod:`leafpool.segment`.
 """

@@ -12,6 +12,11 @@ read (``HMGET`` of the fields the sync compares, not the tags' lists) and new ta
 registered in pipelines of :data:`leafpool.redis.pool.TAGS_PER_PIPELINE` tags. Only a tag
 found gone is read whole (its floor becomes the retired mark).
 
+At rest the sync reads neither: with a :class:`SyncMemo` it first reads the database's
+fingerprint of its tags (:func:`leafpool.database.fingerprint.tags_fingerprint`, one row)
+and the pool's tag count (``SCARD``), and does nothing more while both are what its last
+full pass left (at most :data:`FULL_SYNC_SECONDS` apart; docs/design.md §4).
+
 The sweep that queues refills is :mod:`leafpool.housekeeping.sweep`.
 """
 
@@ -22,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from leafpool.database.fingerprint import tags_fingerprint
 from leafpool.redis.pool import Pool
 from leafpool.redis.register import register_many
 from leafpool.segment.store import SegmentStore
@@ -30,6 +36,20 @@ log = logging.getLogger(__name__)
 
 #: what the sync reads of each registered tag's state
 SYNC_FIELDS = ("mode", "created_ms", "table_step")
+#: a full pass at least this often, fingerprint unchanged or not (a change in Redis the
+#: tag count does not show, a renamed tag SQLite's fingerprint does not show)
+FULL_SYNC_SECONDS = 3600.0
+
+
+@dataclass
+class SyncMemo:
+    """What the last full pass saw (the database's fingerprint, the pool's tag count after
+    it) and when (monotonic seconds); one per worker process."""
+
+    fingerprint: tuple[str, ...] | None = None
+    pool_count: int = -1
+    total: int = 0
+    at: float = 0.0
 
 
 @dataclass
@@ -38,6 +58,7 @@ class SyncResult:
     removed: list[str] = field(default_factory=list)
     total: int = 0
     modes: dict[str, str] = field(default_factory=dict, repr=False)  # added tag -> mode
+    unchanged: bool = False  # the fingerprint and the tag count as the last full pass left
 
     def added_by_mode(self) -> dict[str, list[str]]:
         """The added tags by mode, in the order they were added."""
@@ -47,7 +68,11 @@ class SyncResult:
         return out
 
     def as_dict(self) -> dict[str, object]:
-        return {"added": self.added, "removed": self.removed, "total": self.total}
+        out: dict[str, object] = {"added": self.added, "removed": self.removed,
+                                  "total": self.total}
+        if self.unchanged:
+            out["unchanged"] = True
+        return out
 
 
 def sync_tags(
@@ -55,13 +80,36 @@ def sync_tags(
     store: SegmentStore,
     wall: Callable[[], float] = time.time,
     queued_seconds: int | None = None,
+    memo: SyncMemo | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> SyncResult:
     """Make the pool's tags match the database: segment tags ``leaf_alloc``, snowflake
     tags ``leafpool_snowflake_tag``.
 
     ``queued_seconds``: mark each new tag ``queued`` that long *before* registering it:
     the caller queues their first refills itself (in batches), and the sweep and the drop
-    watcher, which see a registered tag that was never filled as due, leave them alone."""
+    watcher, which see a registered tag that was never filled as due, leave them alone.
+
+    ``memo``: skip the pass while the database's fingerprint and the pool's tag count are
+    those ``memo`` recorded, for up to :data:`FULL_SYNC_SECONDS`; a full pass records them.
+    The fingerprint is read before the pass: a change made during the pass makes the next
+    sync a full pass too."""
+    if memo is None:
+        return _full_pass(pool, store, wall, queued_seconds)
+    fingerprint = tags_fingerprint(store.engine)  # raises BackendUnavailable
+    now = monotonic()
+    if (memo.fingerprint == fingerprint and now - memo.at < FULL_SYNC_SECONDS
+            and pool.tag_count() == memo.pool_count):
+        return SyncResult(total=memo.total, unchanged=True)
+    result = _full_pass(pool, store, wall, queued_seconds)
+    memo.fingerprint, memo.pool_count = fingerprint, pool.tag_count()
+    memo.total, memo.at = result.total, now
+    return result
+
+
+def _full_pass(
+    pool: Pool, store: SegmentStore, wall: Callable[[], float], queued_seconds: int | None
+) -> SyncResult:
     # Redis first: a tag added after this read is not in ``known`` and cannot be dropped;
     # one added before it is in the database read that follows (adds write the database
     # first, then Redis).

@@ -167,7 +167,7 @@ def test_two_sweeps_started_together_one_does_the_work(pool: Pool, r: redis.Redi
     pool.register("full", "segment", 0, low_water=2, target=4)
     r.rpush("leafpool:{full}:ids", 1, 2, 3)
     inner: list[SweepPass] = []
-    tags_read = Counter()
+    tags_read: Counter[str] = Counter()
     real_levels = pool.levels
 
     def counting_levels(tags: Sequence[str]) -> list[Level]:

@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from leafpool.core.config import Settings
 from leafpool.core.errors import CounterBehind, TagExists
-from leafpool.housekeeping.sync import sync_tags
+from leafpool.housekeeping.sync import FULL_SYNC_SECONDS, SyncMemo, SyncResult, sync_tags
 from leafpool.redis.pool import Pool
 from leafpool.segment.refiller import SegmentRefiller
 from leafpool.segment.store import SegmentStore, TagRow
@@ -267,3 +267,75 @@ def test_pack_keeps_a_bounded_number_of_encodings() -> None:
     assert pool_many.pack(commands) == b"".join(Connection().pack_commands(commands))
     assert len(pool_many._encoded) <= pool_many._ENCODED_MAX
     assert pool_many.pack(commands) == b"".join(Connection().pack_commands(commands))
+
+
+# -- the sync at rest: nothing read of Redis while the database's tags are unchanged ------
+
+
+def test_an_unchanged_database_is_not_read_again_and_each_change_is_found(
+    pool: Pool, store: SegmentStore, r: redis.Redis
+) -> None:
+    """After a full pass the syncs skip while the fingerprint and the tag count hold (a
+    state the skip leaves as it is shows that nothing was read); a new row, a step
+    changed in SQL, a deleted row, a snowflake tag, and a Redis that lost its tags are each
+    found at the next sync."""
+    memo = SyncMemo()
+    store.add_tag("pay", step=10)
+    store.add_tag("ship", step=10)
+    assert sorted(sync_tags(pool, store, memo=memo).added) == ["pay", "ship"]
+    pool.record("pay", table_step=999)  # only a full pass would put 10 back
+    again = sync_tags(pool, store, memo=memo)
+    assert again.unchanged and again.total == 2 and again.added == []
+    assert pool.snapshot("pay").state["table_step"] == "999"
+
+    def sql(statement: str) -> SyncResult:
+        with store.engine.begin() as conn:
+            conn.execute(text(statement))
+        return sync_tags(pool, store, memo=memo)
+
+    assert sql("INSERT INTO leaf_alloc(biz_tag, max_id, step) VALUES ('new', 1, 10)"
+               ).added == ["new"]
+    assert pool.snapshot("pay").state["table_step"] == "10"  # the full pass
+    assert sync_tags(pool, store, memo=memo).unchanged
+    assert not sql("UPDATE leaf_alloc SET step = 20 WHERE biz_tag = 'ship'").unchanged
+    assert pool.snapshot("ship").state["table_step"] == "20"
+    assert sql("DELETE FROM leaf_alloc WHERE biz_tag = 'new'").removed == ["new"]
+    store.add_snowflake_tag("order")
+    assert sync_tags(pool, store, memo=memo).added == ["order"]
+    assert sync_tags(pool, store, memo=memo).unchanged
+    r.flushall()  # a Redis restarted empty: the tag count differs
+    assert sorted(sync_tags(pool, store, memo=memo).added) == ["order", "pay", "ship"]
+
+
+def test_a_step_changed_and_changed_back_between_two_syncs_stays_unchanged(
+    pool: Pool, store: SegmentStore
+) -> None:
+    """The fingerprint is of the rows as they are: a change undone before the next sync
+    leaves nothing to do."""
+    memo = SyncMemo()
+    store.add_tag("pay", step=10)
+    sync_tags(pool, store, memo=memo)
+    store.set_step("pay", 30)
+    store.set_step("pay", 10)
+    assert sync_tags(pool, store, memo=memo).unchanged
+
+
+def test_a_tag_renamed_with_the_same_length_and_step_is_found(
+    pool: Pool, store: SegmentStore
+) -> None:
+    """The hardest change for the fingerprint: one name for another of the same length
+    and step, neither first nor last. MySQL/MariaDB: the CRC32 sum finds it at once;
+    SQLite: the full pass FULL_SYNC_SECONDS after the last one."""
+    memo = SyncMemo()
+    clock = [1_000.0]
+    for name in ("aaa", "mmm", "zzz"):
+        store.add_tag(name, step=10)
+    sync_tags(pool, store, memo=memo, monotonic=lambda: clock[0])
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE leaf_alloc SET biz_tag = 'nnn' WHERE biz_tag = 'mmm'"))
+    found = sync_tags(pool, store, memo=memo, monotonic=lambda: clock[0])
+    if store.dialect == "sqlite":
+        assert found.unchanged
+        clock[0] += FULL_SYNC_SECONDS
+        found = sync_tags(pool, store, memo=memo, monotonic=lambda: clock[0])
+    assert found.added == ["nnn"] and found.removed == ["mmm"]
