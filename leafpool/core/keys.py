@@ -79,6 +79,11 @@ class Keys:
         """Lock held by the one active beat scheduler."""
         return f"{self.prefix}:beat:lock"
 
+    @property
+    def sweep_lock(self) -> str:
+        """Lock held by the running sweep, then while its full pass rests."""
+        return f"{self.prefix}:sweep:lock"
+
     # -- from a key back to its tag (the drop watcher's invalidations) ------------------
 
     def tag_of(self, key: str) -> str | None:

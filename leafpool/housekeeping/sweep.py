@@ -139,7 +139,7 @@ def sweep(
 def sweep_lock(pool: Pool, interval: float) -> TokenLock:
     """The lock one periodic sweep holds while it runs, and then while its full pass rests."""
     seconds = max(SWEEP_LOCK_SECONDS, 4 * interval)
-    return TokenLock(pool.redis, f"{pool.keys.prefix}:sweep:lock", int(seconds * 1000))
+    return TokenLock(pool.redis, pool.keys.sweep_lock, int(seconds * 1000))
 
 
 def sweep_pass(

@@ -17,4 +17,6 @@ def test_a_tags_keys_share_one_cluster_hash_tag() -> None:
 def test_global_keys_follow_the_prefix() -> None:
     k = Keys("ids")
     assert (k.tags, k.wanted, k.beat_lock) == ("ids:tags", "ids:wanted", "ids:beat:lock")
+    assert k.sweep_lock == "ids:sweep:lock"
+    assert k.tag_of(k.sweep_lock) is None  # the drop watcher takes it for no tag
     assert k.tag("pay").state == "ids:{pay}:state"
