@@ -25,6 +25,7 @@ from leafpool.cli_common import (
     runtime,
     tsv,
 )
+from leafpool.cli_layout import snowflake_app
 from leafpool.cli_probe import probe_app
 from leafpool.cli_setup import db_app, redis_acl, redis_app
 from leafpool.cli_status import status
@@ -47,6 +48,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(redis_app, name="redis")
 app.add_typer(tag_app, name="tag")
 app.add_typer(probe_app, name="probe")
+app.add_typer(snowflake_app, name="snowflake")
 app.command("acl", help="The same as `leafpool redis acl`.")(redis_acl)
 app.command("status")(status)
 

@@ -34,8 +34,22 @@ def record_data(dc: DcRange) -> dict[str, int]:
     return {"dc_id": dc.dc_id, "dc_count": dc.dc_count, "first": dc.first, "last": dc.last}
 
 
+def changing_data(before: DcRange, after: DcRange) -> dict[str, Any]:
+    """The record while ``leafpool snowflake layout --set`` checks the registry: no
+    ``dc_id``/``dc_count``, so every worker of any release that reads the record refuses
+    to claim until the command writes the new layout (or puts the old one back)."""
+    return {"changing": {"from": record_data(before), "to": record_data(after)}}
+
+
 def parse_record(data: Any, where: str) -> tuple[int, int]:
     """``(dc_id, dc_count)`` of a record; one that is not a layout refuses the start."""
+    if isinstance(data, dict) and isinstance(data.get("changing"), dict):
+        raise ConfigurationError(
+            DC_ID_ENV, "?",
+            f"{where} says that the DC layout of this registry is being changed "
+            f"({data['changing']!r}) by leafpool snowflake layout --set: no worker claims "
+            "meanwhile; retry in a moment (if the command stopped half-way, run it again: "
+            "it finishes or puts the previous layout back)")
     try:
         dc_id, dc_count = data["dc_id"], data["dc_count"]
         if isinstance(dc_id, int) and isinstance(dc_count, int):

@@ -110,6 +110,8 @@ class LocalRegistry(BaseRegistry):
         worker_id = self.worker_id_for_identity(cached)
         if self._lock_fd is None:
             self._lock_worker(worker_id)
+        self._check_layout()  # again, the worker ID locked: `snowflake layout --set`
+        # writes the record before it tries the locks, so one of the two sees the other
         recorded, where = 0, "no cache file yet"
         for path, record in read_all(self.cache_dir, self.identity):
             mine = record.identity == self.identity

@@ -102,6 +102,7 @@ class MySqlRegistry(BaseRegistry):
         self.engine = engine
         self.create_table = create_table
         self.lease_db_s = max(1, math.ceil(settings.snowflake_lease_seconds))
+        self._layout_readable = False  # leafpool_snowflake_layout is there for this user
 
     def _tx(self, what: str) -> AbstractContextManager[Connection]:
         """A deadlock goes up as it is (the caller retries); other driver errors become
@@ -156,6 +157,7 @@ class MySqlRegistry(BaseRegistry):
             with contextlib.suppress(BackendUnavailable), self._tx(f"creating {t.name}") as conn:
                 t.create(conn)
             found = probe(self.engine, t, what)
+        self._layout_readable = found == "readable"
         if found != "readable":
             if (self.dc.dc_id, self.dc.dc_count) == layout.UNRECORDED:
                 log.warning("%s: the %s table is %s, so the DC layout is not recorded (run "
@@ -182,6 +184,13 @@ class MySqlRegistry(BaseRegistry):
             layout.check(self.dc, (int(row.dc_id), int(row.dc_count)), where, None)
 
     def _claim_in(self, conn: Connection, cached: CacheRecord | None) -> Start:
+        if self._layout_readable:  # the record again, share-locked for the claim: a
+            t = snowflake_layout   # `snowflake layout --set` holds it for update
+            record = conn.execute(select(t.c.dc_id, t.c.dc_count).where(
+                t.c.registry == WORKERID_REGISTRY).with_for_update(read=True)).first()
+            if record is not None:
+                where = f"MySQL {t.name} registry='{WORKERID_REGISTRY}'"
+                layout.check(self.dc, (int(record.dc_id), int(record.dc_count)), where, None)
         expired = case((self._expired(), 1), else_=0).label("expired")
         row = conn.execute(
             select(_t, expired).where(_t.c.ip_port == self.identity).with_for_update()

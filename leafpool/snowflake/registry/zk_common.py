@@ -172,7 +172,9 @@ class ZooKeeperRegistry(BaseRegistry):
             return self._unreachable(exc, cached)
         try:
             self._check_layout(self.client)
-            return self._claim_with(self.client, cached)
+            start = self._claim_with(self.client, cached)
+            self._recheck_layout(self.client)
+            return start
         except KAZOO_ERRORS as exc:
             raise BackendUnavailable(f"{self.identity}: ZooKeeper claim failed: {exc!r}") from exc
 
@@ -205,6 +207,16 @@ class ZooKeeperRegistry(BaseRegistry):
             layout.check(self.dc, layout.parse_record(load(raw), where), where, None)
             return
         raise WorkerIdUnavailable(f"{self.identity}: {self.layout_path} keeps changing")
+
+    def _recheck_layout(self, client: KazooClient) -> None:
+        """Once the claim's node exists, the record again: ``leafpool snowflake layout
+        --set`` writes the record before it lists the nodes, so either it saw this
+        claim's node or this read sees its record (ZooKeeper orders the two writes, and
+        each client reads after its own). A record that does not serve this process's
+        layout refuses the claim; the lease goes with the session the refusal closes."""
+        where = f"ZooKeeper {self.layout_path}"
+        raw, _stat = client.get(self.layout_path)
+        layout.check(self.dc, layout.parse_record(load(raw), where), where, None)
 
     def _history(self, client: KazooClient) -> str | None:
         """What the tree holds of worker IDs from before its layout record, if any."""
