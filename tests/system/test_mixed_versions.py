@@ -56,6 +56,9 @@ BEAT_LOCK = "leafpool:beat:lock"
 CLIENT = ROOT / "tests" / "support" / "mixed_client.py"
 REFILLED = re.compile(r"Task leafpool\.refill_(?:segment|snowflake)s?\[[^\]]+\] succeeded in "
                       r"[\d.e-]+s: \{'tag': '([\w.-]+)', 'pushed': ([1-9]\d*)")
+#: a refill task that ran to the end, whatever it pushed
+RAN = re.compile(r"Task leafpool\.refill_(?:segment|snowflake)s?\[[^\]]+\] succeeded in "
+                 r"[\d.e-]+s: \{'tag': '([\w.-]+)', 'pushed': (\d+)")
 
 
 @dataclass
@@ -127,14 +130,34 @@ class Rollout:
         services.wait_until(lambda: "holds the beat lock" in new_log.read_text(), WAIT_S,
                             "the standby beat saying it holds the lock")
 
-    def refilled_by(self, log: Path, since: int, why: str, times: int = 1) -> None:
+    def refilled_by(self, log: Path, since: int, why: str, times: int = 1,
+                    moved: bool = False) -> None:
         """Every tag refilled (IDs pushed) ``times`` times by the worker writing ``log``,
         after its ``since`` first bytes (taken once the other release's process exited, or
         the new beat held the lock: ``times=2`` there, since a refill the old beat queued
-        just before it stopped may still run after the switch)."""
+        just before it stopped may still run after the switch). ``moved``: the current
+        release's beat runs the drop watcher, which moves reserve IDs into a list that fell
+        below its low-water mark before it queues the refill (docs/design.md §3.7), so the
+        refill finds the list filled and pushes nothing; a tag whose ``watch_pushed`` grew
+        since now counts as refilled by the current release too (the previous release's
+        beat moves nothing: its IDs are the current beat's) once the worker of ``log`` ran
+        its refills ``times`` times (finding the list filled, it pushed nothing)."""
+        def watch_pushed() -> dict[str, int]:
+            return {tag: int(self.r.hget(f"leafpool:{{{tag}}}:state", "watch_pushed") or 0)
+                    for tag in TAGS}
+
+        before = watch_pushed()
+
         def every_tag() -> bool:
-            found = [m.group(1) for m in REFILLED.finditer(log.read_text()[since:])]
-            return all(found.count(tag) >= times for tag in TAGS)
+            text = log.read_text()[since:]
+            found = [m.group(1) for m in REFILLED.finditer(text)]
+            if not moved:
+                return all(found.count(tag) >= times for tag in TAGS)
+            ran = [m.group(1) for m in RAN.finditer(text)]
+            grew = watch_pushed()
+            return all(found.count(tag) >= times
+                       or (grew[tag] > before[tag] and ran.count(tag) >= times)
+                       for tag in TAGS)
         started = time.monotonic()
         services.wait_until(every_tag, WAIT_S, f"every tag refilled by {log.stem} ({why})")
         self.figures.append(f"{why}: every tag refilled by {log.stem} "
@@ -274,7 +297,8 @@ def test_workers_first_rollout(rollout: Rollout, sides: tuple[Side, Side],
     rollout.refilled_by(new_worker_log, _size(new_worker_log), "previous worker stopped")
     _, new_beat_log = rollout.beat(cur, "curbeat", standby=True)
     rollout.beat_replaced(old_beat, new_beat_log)
-    rollout.refilled_by(new_worker_log, _size(new_worker_log), "previous beat stopped", times=2)
+    rollout.refilled_by(new_worker_log, _size(new_worker_log), "previous beat stopped", times=2,
+                        moved=True)
     services.wait_until(_low_water_met(r), WAIT_S, "every pool at its low-water mark")
     rollout.finish()
     assert "ANOTHER BEAT IS RUNNING" in new_beat_log.read_text()
@@ -293,10 +317,12 @@ def test_beat_first_rollout(rollout: Rollout, sides: tuple[Side, Side],
     _, new_beat_log = rollout.beat(cur, "curbeat", standby=True)
     rollout.beat_replaced(old_beat, new_beat_log)
     # the current beat queues, the previous release's worker refills
-    rollout.refilled_by(old_worker_log, _size(old_worker_log), "previous beat stopped", times=2)
+    rollout.refilled_by(old_worker_log, _size(old_worker_log), "previous beat stopped", times=2,
+                        moved=True)
     _, new_worker_log = rollout.worker(cur, "cur1")
     rollout.stop(old_worker)
-    rollout.refilled_by(new_worker_log, _size(new_worker_log), "previous worker stopped")
+    rollout.refilled_by(new_worker_log, _size(new_worker_log), "previous worker stopped",
+                        moved=True)
     services.wait_until(_low_water_met(r), WAIT_S, "every pool at its low-water mark")
     rollout.finish()
     print("beat first:", "; ".join(rollout.figures))
@@ -313,7 +339,8 @@ def test_rollback_to_the_previous_release(rollout: Rollout, sides: tuple[Side, S
     _, old_worker_log = rollout.worker(prev, "prev1")
     rollout.stop(new_worker)
     # the current beat queues, the previous release's worker refills
-    rollout.refilled_by(old_worker_log, _size(old_worker_log), "current worker stopped")
+    rollout.refilled_by(old_worker_log, _size(old_worker_log), "current worker stopped",
+                        moved=True)
     _, old_beat_log = rollout.beat(prev, "prevbeat", standby=True)
     rollout.beat_replaced(new_beat, old_beat_log)
     rollout.refilled_by(old_worker_log, _size(old_worker_log), "current beat stopped", times=2)
