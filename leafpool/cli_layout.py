@@ -14,7 +14,8 @@ import typer
 from leafpool.cli_common import out, reports_errors
 from leafpool.core.config import get_settings
 from leafpool.core.snowflake_layout import dc_of, dc_range
-from leafpool.snowflake.registry.layout_admin import Report, inspect, set_layout
+from leafpool.snowflake.registry.layout_admin import inspect, set_layout
+from leafpool.snowflake.registry.layout_report import Report
 from leafpool.status import plain_table
 
 snowflake_app = typer.Typer(no_args_is_help=True, help="Snowflake worker-ID registries.")

@@ -186,3 +186,35 @@ def test_a_worker_on_a_database_the_previous_db_init_made_serves_one_dc_and_no_o
     assert refused.value.field == "LEAFPOOL_DC_COUNT"
     assert "leafpool_snowflake_layout" in str(refused.value)
     assert "leafpool db init" in str(refused.value)
+
+
+def test_snowflake_layout_set_runs_under_the_admin_s_grants_not_the_worker_s(
+    users: dict[str, str], mariadb_server: services.Server, tmp_path: Path
+) -> None:
+    """``leafpool snowflake layout --set`` updates the record: the admin's grants allow it
+    (no grant added), the worker's do not (refused, naming the admin's grants, the record
+    unchanged); the worker's claim share-locks the record under its own grants (SELECT)."""
+    assert _cli(users["admin"], tmp_path, "db", "init").returncode == 0
+    _root(mariadb_server, users["worker-grants"])
+    base = {"database_url": users["worker"], "snowflake_mode": "mysql",
+            "snowflake_cache_dir": str(tmp_path / "cache")}
+    one = MySqlRegistry(load_settings(**base), "host-a:w:0")
+    assert 1 <= one.claim().worker_id <= 511
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
+    env.update(LEAFPOOL_HOME=str(tmp_path), LEAFPOOL_SNOWFLAKE_MODE="mysql",
+               LEAFPOOL_DC_COUNT="2", COLUMNS="200")
+
+    def layout_set(url: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "leafpool.cli", "snowflake", "layout",
+                               "--set"], env={**env, "LEAFPOOL_DATABASE_URL": url},
+                              capture_output=True, text=True, timeout=60)
+
+    denied = layout_set(users["worker"])
+    assert denied.returncode == 2, denied.stderr
+    assert "admin's grants" in denied.stderr and "pw-worker" not in denied.stderr
+    done = layout_set(users["admin"])
+    assert done.returncode == 0 and "recorded the configured layout" in done.stdout, done.stderr
+    two = MySqlRegistry(load_settings(**base, dc_count=2), "host-b:w:0")
+    assert 1 <= two.claim().worker_id <= 511
+    two.release()
+    one.release()

@@ -32,121 +32,30 @@ import fcntl
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
 from sqlalchemy import case, func, literal_column, or_, select
+from sqlalchemy.exc import DBAPIError
 
-from leafpool.core.config import Settings
+from leafpool.core.config import Settings, hide_password
 from leafpool.core.credentials import ZK_USERNAME_ENV
 from leafpool.core.errors import BackendUnavailable, ConfigurationError
 from leafpool.core.setting_values import validate_name
 from leafpool.core.snowflake_layout import DcRange, dc_range, iso_utc, wall_clock_ms
-from leafpool.database.engine import make_engine, transaction
+from leafpool.database.engine import driver_code, make_engine, transaction
 from leafpool.database.layout_table import WORKERID_REGISTRY, snowflake_layout
-from leafpool.database.schema import probe
+from leafpool.database.schema import MYSQL_TABLE_DENIED, probe
 from leafpool.snowflake.registry import layout, zk_acl
 from leafpool.snowflake.registry.cache import read_all
+from leafpool.snowflake.registry.layout_report import SET_BY, Held, Report, pair, refused, within
 from leafpool.snowflake.registry.mysql import REGISTRY_TIMEOUTS
 from leafpool.snowflake.registry.mysql import _t as workerid_alloc
 from leafpool.snowflake.registry.zk_common import KAZOO_ERRORS, close, dump, load, timestamp_of
 
-#: who wrote the record (mysql's ``written_by``)
-SET_BY = "leafpool snowflake layout --set"
-#: the refusal names this many worker IDs (the command without --set lists them all)
-NAMED = 10
 _LOCK = re.compile(r"^worker-(\d+)\.lock$")
-
-
-@dataclass(frozen=True)
-class Held:
-    """A worker ID the registry holds: ``worker_id`` under the recorded layout (what its
-    process uses now), ``then`` under the configured one where they differ (mode ``zk``:
-    the DC's first ID + the forever node's sequence); ``in_use``: held, or may still be."""
-
-    worker_id: int
-    where: str
-    identity: str
-    state: str
-    in_use: bool
-    then: int | None = None
-
-
-@dataclass
-class Report:
-    """A registry's record and holders, beside the configured layout."""
-
-    mode: str
-    where: str
-    recorded: tuple[int, int] | None
-    serves: tuple[int, int] | None  # the record, or DC 0 of 1 for IDs from before it
-    configured: DcRange
-    held: list[Held]
-    written: bool = False
-
-    def outside(self) -> list[Held]:
-        """What keeps ``--set`` from recording the configured layout."""
-        cfg = self.configured
-        return [h for h in self.held if h.in_use and (
-            h.worker_id not in cfg or (h.then is not None and h.then not in cfg))]
-
-    def as_dict(self) -> dict[str, Any]:
-        def dc(pair: tuple[int, int] | None) -> dict[str, int] | None:
-            return None if pair is None else layout.record_data(dc_range(*pair))
-
-        return {"mode": self.mode, "where": self.where, "recorded": dc(self.recorded),
-                "serves": dc(self.serves), "configured": layout.record_data(self.configured),
-                "written": self.written,
-                "held": [{**h.__dict__, "blocks_set": h in self.outside()} for h in self.held]}
-
-
-def _ranges(before: DcRange, after: DcRange, where: str) -> None:
-    """``after`` must lie within ``before``: the rest of ``before`` may be leased by the
-    registry of another DC under the new layout, which this registry cannot see."""
-    if before.first <= after.first and after.last <= before.last:
-        return
-    field, value = _field(before, after)
-    raise ConfigurationError(
-        field, value,
-        f"{where} records {before.describe()}; --set records only a layout whose range "
-        f"lies within the recorded one (a registry that grows to more DCs keeps a part of "
-        f"its range), and {after.describe()} does not: its IDs outside "
-        f"{before.first}..{before.last} may be leased by another DC's registry")
-
-
-def _field(before: DcRange, after: DcRange) -> tuple[str, int]:
-    if before.dc_count != after.dc_count:
-        return layout.DC_COUNT_ENV, after.dc_count
-    return layout.DC_ID_ENV, after.dc_id
-
-
-def _refused(report: Report, before: DcRange) -> ConfigurationError:
-    cfg = report.configured
-    outside = report.outside()
-    names = "; ".join(
-        f"worker {h.worker_id}" + (f" (worker {h.then} once restarted)" if h.then not in
-                                   (None, h.worker_id) else "")
-        + f" of {h.identity} ({h.where}: {h.state})" for h in outside[:NAMED])
-    if len(outside) > NAMED:
-        names += f"; and {len(outside) - NAMED} more (leafpool snowflake layout lists them)"
-    field, value = _field(before, cfg)
-    return ConfigurationError(
-        field, value,
-        f"{report.where} is left as it was, serving {before.describe()}: worker IDs held, "
-        f"or possibly still in use, lie outside {cfg.describe()}: {names}. Stop those "
-        "workers (a lease is free once released or expired; in mode zk a forever node is "
-        "its identity's worker ID for ever: delete it only once that identity is retired) "
-        "and run it again")
-
-
-def _pair(data: Any, where: str) -> tuple[tuple[int, int], bool]:
-    """A record's layout, and whether it is a change left half-way (its ``from``)."""
-    if isinstance(data, dict) and isinstance(data.get("changing"), dict):
-        return layout.parse_record(data["changing"].get("from"), where), True
-    return layout.parse_record(data, where), False
 
 
 def inspect(settings: Settings) -> Report:
@@ -237,7 +146,7 @@ def _zookeeper(settings: Settings, mode: str, name: str, cfg: DcRange, write: bo
             try:
                 raw, stat = client.get(path)
                 recorded: tuple[int, int] | None
-                recorded, half_done = _pair(load(raw), where)
+                recorded, half_done = pair(load(raw), where)
             except NoNodeError:
                 raw, stat, recorded, half_done = None, None, None, False
             history = any(_children(client, f"{base}/{d}") for d in ("forever", "recycle/hw"))
@@ -247,7 +156,7 @@ def _zookeeper(settings: Settings, mode: str, name: str, cfg: DcRange, write: bo
             if not write:
                 report.held = _zk_held(client, base, before, cfg)
                 return report
-            _ranges(before, cfg, where)
+            within(before, cfg, where)
             if serves == (cfg.dc_id, cfg.dc_count) and recorded and not half_done:
                 report.held = _zk_held(client, base, before, cfg)
                 return report
@@ -267,7 +176,7 @@ def _zookeeper(settings: Settings, mode: str, name: str, cfg: DcRange, write: bo
                 else:
                     client.set(path, raw if not half_done else dump(
                         layout.record_data(before)), version=version)
-                raise _refused(report, before)
+                raise refused(report, before)
             client.set(path, dump(layout.record_data(cfg)), version=version)
             report.recorded, report.serves, report.written = (
                 (cfg.dc_id, cfg.dc_count), (cfg.dc_id, cfg.dc_count), True)
@@ -334,14 +243,23 @@ def _mysql(settings: Settings, cfg: DcRange, write: bool) -> Report:
             if not write or recorded == (cfg.dc_id, cfg.dc_count):
                 return report
             before = dc_range(*(serves or layout.UNRECORDED))
-            _ranges(before, cfg, where)
+            within(before, cfg, where)
             if report.outside():
-                raise _refused(report, before)
+                raise refused(report, before)
             conn.execute(t.update().where(t.c.registry == WORKERID_REGISTRY).values(
                 dc_id=cfg.dc_id, dc_count=cfg.dc_count, written_by=SET_BY))
         report.recorded = report.serves = (cfg.dc_id, cfg.dc_count)
         report.written = True
         return report
+    except BackendUnavailable as exc:
+        cause = exc.__cause__
+        if isinstance(cause, DBAPIError) and driver_code(cause) == MYSQL_TABLE_DENIED:
+            raise ConfigurationError(
+                "LEAFPOOL_DATABASE_URL", hide_password(settings.database_url),
+                f"a user with the admin's grants (leafpool db grants admin): {SET_BY} "
+                f"updates {t.name}, which the worker's grants do not allow ({cause.orig})"
+            ) from exc
+        raise
     finally:
         engine.dispose()
 
@@ -387,7 +305,7 @@ def _local(settings: Settings, name: str, cfg: DcRange, write: bool) -> Report:
         raw: str | None = path.read_text()
     except FileNotFoundError:
         raw = None
-    recorded, half_done = (None, False) if raw is None else _pair(_json(raw), where)
+    recorded, half_done = (None, False) if raw is None else pair(_json(raw), where)
     history = directory.is_dir() and any(directory.glob("*.json"))
     serves = recorded or (layout.UNRECORDED if history else None)
     before = dc_range(*(serves or layout.UNRECORDED))
@@ -395,7 +313,7 @@ def _local(settings: Settings, name: str, cfg: DcRange, write: bool) -> Report:
     if not write or (serves == (cfg.dc_id, cfg.dc_count) and recorded and not half_done):
         report.held = _local_held(directory) if directory.is_dir() else []
         return report
-    _ranges(before, cfg, where)
+    within(before, cfg, where)
     directory.mkdir(parents=True, exist_ok=True)
     _replace(path, layout.changing_data(before, cfg))  # 1. every claim refused
     report.held = _local_held(directory)  # 2. the locks, tried after that write
@@ -404,7 +322,7 @@ def _local(settings: Settings, name: str, cfg: DcRange, write: bool) -> Report:
             path.unlink()
         else:
             _replace(path, layout.record_data(before))
-        raise _refused(report, before)
+        raise refused(report, before)
     _replace(path, layout.record_data(cfg))
     report.recorded = report.serves = (cfg.dc_id, cfg.dc_count)
     report.written = True

@@ -199,3 +199,37 @@ def test_compose_s_zookeeper_closes_a_session_without_a_login_and_serves_leafpoo
                 ACL(Permissions.ALL, Id("world", "anyone"))]))
     finally:
         registry.release()
+
+
+def test_snowflake_layout_set_runs_with_the_login_and_is_refused_without_it(
+    zk_hosts: str, tmp_path: Path
+) -> None:
+    """``leafpool snowflake layout --set`` (layout_admin.py) needs no ACL of its own: it
+    runs with the workers' login, the one identity the tree's nodes allow (zk_acl.py is
+    unchanged); without the login, or with a wrong password, it is refused naming
+    LEAFPOOL_ZK_USERNAME and the record stays as it was."""
+    from leafpool.snowflake.registry import layout_admin
+
+    name = unique_name()
+    registry: Any = open_registry(_settings(zk_hosts, name, "zk_recycle", tmp_path, **LOGIN),
+                                  "host-a:w:0", background=False)
+    registry.claim()
+    try:
+        for login in ({}, {"zk_username": USER, "zk_password": "wrong"}):
+            with pytest.raises(ConfigurationError) as refused:
+                layout_admin.set_layout(_settings(zk_hosts, name, "zk_recycle", tmp_path,
+                                                  dc_count=2, **login))
+            assert refused.value.field == "LEAFPOOL_ZK_USERNAME"
+            assert "NoAuth" in str(refused.value) and "wrong" not in str(refused.value)
+        shown = layout_admin.inspect(_settings(zk_hosts, name, "zk_recycle", tmp_path,
+                                               dc_count=2, **LOGIN))
+        assert shown.recorded == (0, 1)
+        done = layout_admin.set_layout(_settings(zk_hosts, name, "zk_recycle", tmp_path,
+                                                 dc_count=2, **LOGIN))
+        assert done.written and done.recorded == (0, 2)
+        layout_path = registry.layout_path
+        assert registry.client.get_acls(layout_path)[0] == owner_acl(registry.settings.zk_login)
+        with _stranger(zk_hosts) as z:
+            assert _refused(lambda: z.get(layout_path))
+    finally:
+        registry.release()
