@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -192,3 +193,42 @@ def test_the_one_masking_function_hides_any_password(url: str) -> None:
     assert "***" in shown
     for secret in ("Ab%2FCd", "p@ss:w0rd", "x/y?z#w", "p2", "S3cret"):
         assert secret not in shown
+
+
+def test_snowflake_layout_shows_and_sets_a_growing_site(cli: Run, tmp_path: Path) -> None:
+    """``leafpool snowflake layout`` (mode local: the host's cache directory): a site of one
+    DC holding worker 3 and, mapped, 700; shown with each worker ID's DC under the
+    recorded and the configured layout; --set refused naming 700 (exit 2, the record
+    unchanged); once 700 is released, --set records DC 0 of 2."""
+    from leafpool.core.config import load_settings
+    from leafpool.snowflake.registry import open_registry
+
+    cache = tmp_path / "cache"
+    env = {"LEAFPOOL_SNOWFLAKE_MODE": "local", "LEAFPOOL_SNOWFLAKE_CACHE_DIR": str(cache),
+           "LEAFPOOL_DC_COUNT": "2"}
+    held = []
+    for identity, worker in (("host-a:w:0", 3), ("host-b:w:0", 700)):
+        settings = load_settings(snowflake_mode="local", snowflake_cache_dir=str(cache),
+                                 snowflake_local_map=f"{identity}={worker}")
+        reg = open_registry(settings, identity, background=False)
+        assert reg.claim().worker_id == worker
+        held.append(reg)
+    shown = cli("snowflake", "layout", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "recorded    DC 0 of 1 (worker IDs 0..1023)" in shown.stdout
+    assert "configured  DC 0 of 2 (worker IDs 0..511)" in shown.stdout
+    rows = {line.split()[0]: line.split() for line in shown.stdout.splitlines()
+            if line[:1].isdigit()}
+    assert rows["3"][1:5] == ["0", "of", "1", "0"] and rows["700"][1:5] == ["0", "of", "1", "1"]
+    refused = cli("snowflake", "layout", "--set", env=env)
+    assert refused.returncode == 2
+    assert "LEAFPOOL_DC_COUNT=2" in refused.stderr and "worker 700 of host-b:w:0" in refused.stderr
+    as_json = json.loads(cli("snowflake", "layout", "--json", env=env).stdout)
+    assert as_json["recorded"]["dc_count"] == 1
+    assert [h["worker_id"] for h in as_json["held"] if h["blocks_set"]] == [700]
+    held[1].release()
+    done = cli("snowflake", "layout", "--set", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "recorded    DC 0 of 2 (worker IDs 0..511)" in done.stdout
+    assert "recorded the configured layout" in done.stdout
+    held[0].release()
