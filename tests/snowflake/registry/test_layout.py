@@ -192,3 +192,18 @@ def test_a_claim_of_the_old_layout_racing_set_does_not_slip_through(site: Site) 
     assert _layout(site) == (0, 2)
     held = [h.worker_id for h in layout_admin.inspect(site.settings(0, 2)).held if h.in_use]
     assert OUTSIDE not in held, held
+
+
+@pytest.mark.parametrize("site", ["k8s"], indirect=True)
+def test_a_cluster_separated_by_offset_512_records_dc_1_of_2_and_keeps_its_worker_ids(
+    site: Site
+) -> None:
+    """docs/how-to/multiple-dcs.md: a Kubernetes cluster that took 512.. by
+    ``LEAFPOOL_SNOWFLAKE_WORKER_OFFSET=512`` as one DC records DC 1 of 2; its pods then
+    run with offset 0 and lease the same worker IDs (DC 1's first ID + the index)."""
+    old = site.open("pod-0:w:0", 0, 1, index=0, more={"snowflake_worker_offset": 512})
+    assert old.claim().worker_id == 512
+    assert layout_admin.set_layout(site.settings(1, 2)).written
+    assert _layout(site) == (1, 2)
+    old.release()  # the rollout restarts the pod with the new settings
+    assert site.claim("pod-0:w:0", 1, 2, index=0) == 512
