@@ -43,6 +43,7 @@ def _lines(report: Report, set_asked: bool) -> str:
     if set_asked:
         lines.append("set         " + ("recorded the configured layout" if report.written
                                        else "nothing to do: it records the configured layout"))
+    lines += [f"note        {note}" for note in report.notes]
     outside = report.outside()
     rows = [[str(h.worker_id) + (f" (then {h.then})" if h.then not in (None, h.worker_id)
                                  else ""),

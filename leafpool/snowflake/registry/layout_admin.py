@@ -136,6 +136,19 @@ def _zk_held(client: KazooClient, base: str, before: DcRange, cfg: DcRange) -> l
     return sorted(held, key=lambda h: h.worker_id)
 
 
+def _zk_notes(client: KazooClient, base: str, cfg: DcRange) -> list[str]:
+    """Mode zk's sequence: ZooKeeper numbers a new forever node with its parent's child
+    version, never reused; from ``cfg.size`` on, a new identity is refused."""
+    stat = client.exists(f"{base}/forever")
+    if stat is None:  # mode zk never ran here
+        return []
+    fits = max(0, cfg.size - stat.cversion)
+    return [f"mode zk: ZooKeeper's next sequence under {base}/forever is {stat.cversion}: "
+            f"{fits} more new identities fit in {cfg.describe()}, the next ones are "
+            "refused (a sequence is never reused: mode zk_recycle, or a new "
+            "LEAFPOOL_SNOWFLAKE_NAME, has room)"]
+
+
 def _zookeeper(settings: Settings, mode: str, name: str, cfg: DcRange, write: bool) -> Report:
     base = f"/snowflake/{name}"
     path = f"{base}/layout"
@@ -155,10 +168,12 @@ def _zookeeper(settings: Settings, mode: str, name: str, cfg: DcRange, write: bo
             report = Report(mode, where, None if half_done else recorded, serves, cfg, [])
             if not write:
                 report.held = _zk_held(client, base, before, cfg)
+                report.notes = _zk_notes(client, base, cfg)
                 return report
             within(before, cfg, where)
             if serves == (cfg.dc_id, cfg.dc_count) and recorded and not half_done:
                 report.held = _zk_held(client, base, before, cfg)
+                report.notes = _zk_notes(client, base, cfg)
                 return report
             changing = dump(layout.changing_data(before, cfg))
             try:  # 1. every claim is refused from here on
@@ -178,6 +193,7 @@ def _zookeeper(settings: Settings, mode: str, name: str, cfg: DcRange, write: bo
                         layout.record_data(before)), version=version)
                 raise refused(report, before)
             client.set(path, dump(layout.record_data(cfg)), version=version)
+            report.notes = _zk_notes(client, base, cfg)
             report.recorded, report.serves, report.written = (
                 (cfg.dc_id, cfg.dc_count), (cfg.dc_id, cfg.dc_count), True)
             return report

@@ -4,7 +4,7 @@ each worker ID held, :class:`Held`) and the refusals of ``--set`` (docs/design.m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from leafpool.core.errors import ConfigurationError
@@ -42,6 +42,8 @@ class Report:
     configured: DcRange
     held: list[Held]
     written: bool = False
+    #: what the operator should know beside the holders (mode zk: the sequence reached)
+    notes: list[str] = field(default_factory=list)
 
     def outside(self) -> list[Held]:
         """What keeps ``--set`` from recording the configured layout."""
@@ -55,7 +57,7 @@ class Report:
 
         return {"mode": self.mode, "where": self.where, "recorded": dc(self.recorded),
                 "serves": dc(self.serves), "configured": layout.record_data(self.configured),
-                "written": self.written,
+                "written": self.written, "notes": self.notes,
                 "held": [{**h.__dict__, "blocks_set": h in self.outside()} for h in self.held]}
 
 

@@ -207,3 +207,14 @@ def test_a_cluster_separated_by_offset_512_records_dc_1_of_2_and_keeps_its_worke
     assert _layout(site) == (1, 2)
     old.release()  # the rollout restarts the pod with the new settings
     assert site.claim("pod-0:w:0", 1, 2, index=0) == 512
+
+
+@pytest.mark.parametrize("site", ["zk"], indirect=True)
+def test_mode_zk_shows_how_many_new_identities_fit_the_new_range(site: Site) -> None:
+    """The forever nodes all lie in 0..511, but ZooKeeper's sequence is never reused: the
+    command says how many new identities still fit in the configured range."""
+    site.claim("host-a:w:0", 0, 1)
+    site.claim("host-b:w:0", 0, 1)
+    notes = layout_admin.set_layout(site.settings(0, 2)).notes
+    assert len(notes) == 1 and "next sequence" in notes[0]
+    assert "510 more new identities fit in DC 0 of 2 (worker IDs 0..511)" in notes[0]
