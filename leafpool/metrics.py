@@ -28,6 +28,7 @@ import bisect
 import itertools
 import logging
 import math
+import operator
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -261,7 +262,7 @@ def make_registry(pool: Pool) -> PoolRegistry:
 def render(registry: CollectorRegistry) -> bytes:
     """The Prometheus text exposition format."""
     if isinstance(registry, PoolRegistry):
-        return pool_text(registry.pool_collector) + generate_latest(registry.others())
+        return pool_text(registry.pool_collector, generate_latest(registry.others()))
     return generate_latest(registry)
 
 
@@ -272,15 +273,23 @@ def _value(value: float) -> str:
     return repr(float(value)) if math.isfinite(value) else floatToGoString(value)  # type: ignore[no-untyped-call]
 
 
+def _gauge(value: float) -> str:
+    """:func:`_value` with the common case first."""
+    v = float(value)
+    return repr(v) if v - v == 0.0 else _value(v)
+
+
 def _header(name: str, doc: str, kind: str) -> str:
     doc = doc.replace("\\", r"\\").replace("\n", r"\n")
     return f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
 
 
-def pool_text(collector: PoolCollector) -> bytes:
+def pool_text(collector: PoolCollector, after: bytes = b"") -> bytes:
     """The same families and samples as :meth:`PoolCollector.collect` in the text format
-    (version 0.0.4), written with one f-string per sample. Tag names need no escaping:
-    they are ``[A-Za-z0-9_.-]`` (leafpool.core.tags), modes and lease states are leafpool's."""
+    (version 0.0.4), written with one f-string per sample, and ``after`` (the other
+    collectors' text) joined in the same one copy (100,000 tags are 3.7 million samples).
+    Tag names need no escaping: they are ``[A-Za-z0-9_.-]`` (leafpool.core.tags), modes and
+    lease states are leafpool's."""
     started = collector._perf_counter()
     try:
         statuses = pool_status(collector.pool)
@@ -290,7 +299,7 @@ def pool_text(collector: PoolCollector) -> bytes:
             _build_info_text()
             + _header("leafpool_up", "1 when Redis answered this scrape", "gauge")
             + "leafpool_up 0.0\n"
-        ).encode()
+        ).encode() + after
     out = [
         _build_info_text(),
         _header("leafpool_up", "1 when Redis answered this scrape", "gauge"),
@@ -304,17 +313,18 @@ def pool_text(collector: PoolCollector) -> bytes:
         modes[st.mode] = modes.get(st.mode, 0) + 1
     out += [f'leafpool_tags{{mode="{mode}"}} {float(n)!r}\n' for mode, n in sorted(modes.items())]
     labels = [f'{{tag="{st.tag}",mode="{st.mode}"}} ' for st in statuses]
+    tagged = list(zip(statuses, labels, strict=True))
     for name, doc, read in GAUGES:
         out.append(_header(name, doc, "gauge"))
-        for st, label in zip(statuses, labels, strict=True):
-            value = read(st)
-            if value is not None:
-                out.append(f"{name}{label}{_value(value)}\n")
+        # a list comprehension a family instead of an append a sample
+        out += [f"{name}{label}{_gauge(v)}\n" for st, label in tagged
+                if (v := read(st)) is not None]
     for name, doc, attr, kept_by in COUNTERS:
         out.append(_header(f"{name}_total", doc, "counter"))  # as prometheus-client writes it
-        for st, label in zip(statuses, labels, strict=True):
-            if st.mode in kept_by:
-                out.append(f"{name}_total{label}{_value(getattr(st, attr))}\n")
+        get = operator.attrgetter(attr)
+        # counters are ints and finite sums: repr(float(v)), what _value writes for them
+        out += [f"{name}_total{label}{float(get(st))!r}\n" for st, label in tagged
+                if st.mode in kept_by]
     out.append(
         _header(
             "leafpool_snowflake_lease_state",
@@ -337,4 +347,5 @@ def pool_text(collector: PoolCollector) -> bytes:
         )
     )
     out.append(f"leafpool_scrape_duration_seconds {_value(collector._perf_counter() - started)}\n")
+    out.append(after.decode())
     return "".join(out).encode()
