@@ -203,14 +203,21 @@ class ManyTags:
 
     def _send_packed(self, chunks: Iterable[tuple[bytes, int]]) -> list[Any]:
         """Send each chunk's packed commands on one connection of the pool and read its
-        ``n`` replies (:func:`read_replies`) before the next chunk is sent."""
+        ``n`` replies (:func:`read_replies`), one chunk ahead: the next chunk is sent before
+        a chunk's replies are read, so Redis runs it while this process reads (Redis buffers
+        the replies; it never stops reading a client's commands for want of its reading)."""
         pool = self.redis.connection_pool
         conn: Any = pool.get_connection()
         out: list[Any] = []
         try:
+            ahead = 0
             for packed, n in chunks:
                 conn.send_packed_command([packed])
-                out += read_replies(conn, n)
+                if ahead:
+                    out += read_replies(conn, ahead)
+                ahead = n
+            if ahead:
+                out += read_replies(conn, ahead)
         except BaseException:
             conn.disconnect()  # replies may be left unread: never reuse it
             raise
