@@ -376,7 +376,7 @@ BARE = Config("uvicorn", bare=True)  # the floor: issue 30 compares the default 
 #: LEAFPOOL_HTTP_COALESCE_IN_FLIGHT values measured beside the shipped one (issue 30: fewer
 #: pops of a tag in flight means more requests per pop, less CPU, and a wait behind the pop
 #: in flight)
-IN_FLIGHT_ALSO = (1, 2)
+IN_FLIGHT_ALSO = (4,)  # the default before issue 30
 
 
 def _config(case: Run) -> str:

@@ -201,8 +201,9 @@ class Settings(BackendSettings):
     # (leafpool/redis/coalesce.py, docs/design.md §1.1); 0: one LPOP per request
     http_coalesce_max: int = Field(1_024, ge=0, le=10_000)
     # how many such pops of one tag may be in flight at once: requests arriving meanwhile
-    # queue and share the next (1: one pop at a time, the fewest pops per request)
-    http_coalesce_in_flight: int = Field(4, ge=1, le=64)
+    # queue and share the next (1: one pop at a time, the fewest pops and fsyncs per
+    # request; docs/design.md §1.1 has the figures)
+    http_coalesce_in_flight: int = Field(1, ge=1, le=64)
 
     @field_validator("key_prefix", "broker_key_prefix")
     @classmethod
