@@ -60,8 +60,13 @@ def _drain(r: redis.Redis, served: list[int]) -> Callable[[], bool]:
     reserve are empty and the refills fail with the database down."""
     def check() -> bool:
         served.extend(int(x) for x in r.lpop(IDS, 500) or [])
-        return (r.llen(IDS) == 0 and r.llen("leafpool:{order}:reserve") == 0
-                and bool(_state(r, "db_unreachable_ms")))
+        # list and reserve read in one transaction: read apart, the drop watcher could move
+        # the reserve into the list between the two reads (both then read 0)
+        pipe = r.pipeline(transaction=True)
+        pipe.llen(IDS)
+        pipe.llen("leafpool:{order}:reserve")
+        ids, reserve = pipe.execute()
+        return ids == 0 and reserve == 0 and bool(_state(r, "db_unreachable_ms"))
     return check
 
 
