@@ -50,7 +50,12 @@ def test_every_script_includes_the_helper_once_and_opens_with_its_contract() -> 
         assert raw.startswith(f"-- {path.name}:"), path.name
         assert "local function gt" not in raw, f"{path.name} pastes the helper"
         source = scripts.source(path.stem)
-        assert source.count("local function gt(") == (1 if "gt(" in raw else 0), path.name
+        includes = "-- @include decimal" in raw
+        assert includes or "gt(" not in raw, f"{path.name} compares without the helper"
+        assert source.count("local function gt(") == (1 if includes else 0), path.name
+        if "-- @include chunk" in raw:  # the chunk helpers use the decimal ones, after them
+            assert raw.index("-- @include decimal") < raw.index("-- @include chunk"), path.name
+            assert source.count("local function chunk_fence(") == 1, path.name
         assert not scripts._INCLUDE.search(source), path.name
 
 

@@ -32,42 +32,13 @@
 -- has moved, so the repeat is refused -2 and writes nothing.
 
 -- @include decimal
+-- @include chunk
 
 if redis.call('GET', KEYS[4]) ~= ARGV[1] then return -1 end
 local head = redis.call('LINDEX', KEYS[2], 0)
 if head ~= ARGV[2] then return -2 end
+if #ARGV < 5 or not dec(ARGV[4]) then return -7 end
 
-local first, last = ARGV[5], ARGV[#ARGV]
-if #ARGV < 5 or not (dec(first) and dec(last) and dec(ARGV[4])) then return -7 end
-local sep = string.find(head, ':', 1, true)
-if not sep then return -7 end
-local head_start, head_end = string.sub(head, 1, sep - 1), string.sub(head, sep + 1)
-if not (dec(head_start) and dec(head_end)) then return -7 end
-if first ~= head_start or not gt(head_end, last) then return -6 end
-
-local after = add(last, 1)
-if add(first, #ARGV - 4) ~= after then return -8 end
-if after == head_end then
-  if ARGV[3] ~= '' then return -8 end
-elseif ARGV[3] ~= after .. ':' .. head_end then
-  return -8
-end
-
-local hwm = redis.call('HGET', KEYS[3], 'hwm')
-if hwm and not dec(hwm) then return -7 end
-if hwm and not gt(first, hwm) then return -3 end
-
-local len = 0
-for i = 5, #ARGV, 1000 do
-  local j = math.min(i + 999, #ARGV)
-  len = redis.call('RPUSH', KEYS[1], unpack(ARGV, i, j))
-end
-
-if ARGV[3] == '' then
-  redis.call('LPOP', KEYS[2])
-else
-  redis.call('LSET', KEYS[2], 0, ARGV[3])
-end
-redis.call('HSET', KEYS[3], 'hwm', last, 'last_push_ms', ARGV[4])
-redis.call('HINCRBY', KEYS[3], 'pushed_total', #ARGV - 4)
-return len
+local refused = chunk_fence(head, ARGV[3], KEYS[3])
+if refused ~= 0 then return refused end
+return chunk_push(KEYS[1], KEYS[2], KEYS[3], ARGV[3], ARGV[4])

@@ -36,12 +36,14 @@
 --   -8  the arguments are inconsistent: the number of IDs is not last - first + 1, or
 --       ARGV[3] is not the head that follows last
 --
--- The fence is push_ids.lua's (head, high-water mark, the two ends and the count; the IDs
+-- The fence is push_ids.lua's (lib/chunk.lua: head, high-water mark, the two ends and
+-- the count; the IDs
 -- between are trusted to be the caller's run from the head's start), with the lock's
 -- absence in place of the caller's token. Repeating the call after a lost reply is safe:
 -- when the first run went through the head has moved, so the repeat is refused -2.
 
 -- @include decimal
+-- @include chunk
 
 if redis.call('EXISTS', KEYS[4]) == 1 then return -9 end
 if #ARGV < 5 or not (dec(ARGV[3]) and dec(ARGV[4])) then return -7 end
@@ -50,37 +52,9 @@ if not gt(ARGV[4], tostring(len)) then return -10 end
 local head = redis.call('LINDEX', KEYS[2], 0)
 if head ~= ARGV[1] then return -2 end
 
-local first, last = ARGV[5], ARGV[#ARGV]
-if not (dec(first) and dec(last)) then return -7 end
-local sep = string.find(head, ':', 1, true)
-if not sep then return -7 end
-local head_start, head_end = string.sub(head, 1, sep - 1), string.sub(head, sep + 1)
-if not (dec(head_start) and dec(head_end)) then return -7 end
-if first ~= head_start or not gt(head_end, last) then return -6 end
-
-local after = add(last, 1)
-if add(first, #ARGV - 4) ~= after then return -8 end
-if after == head_end then
-  if ARGV[2] ~= '' then return -8 end
-elseif ARGV[2] ~= after .. ':' .. head_end then
-  return -8
-end
-
-local hwm = redis.call('HGET', KEYS[3], 'hwm')
-if hwm and not dec(hwm) then return -7 end
-if hwm and not gt(first, hwm) then return -3 end
-
-for i = 5, #ARGV, 1000 do
-  local j = math.min(i + 999, #ARGV)
-  len = redis.call('RPUSH', KEYS[1], unpack(ARGV, i, j))
-end
-
-if ARGV[2] == '' then
-  redis.call('LPOP', KEYS[2])
-else
-  redis.call('LSET', KEYS[2], 0, ARGV[2])
-end
-redis.call('HSET', KEYS[3], 'hwm', last, 'last_push_ms', ARGV[3], 'reserve_due', '1')
-redis.call('HINCRBY', KEYS[3], 'pushed_total', #ARGV - 4)
+local refused = chunk_fence(head, ARGV[2], KEYS[3])
+if refused ~= 0 then return refused end
+len = chunk_push(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3])
+redis.call('HSET', KEYS[3], 'reserve_due', '1')
 redis.call('HINCRBY', KEYS[3], 'watch_pushed', #ARGV - 4)
 return len
