@@ -120,6 +120,7 @@ class LockedScheduler(PersistentScheduler):  # type: ignore[misc]
             interval_s=settings.watch_interval_ms / 1000,
             queued_seconds=QUEUED_SECONDS,  # short: a task that cannot run is queued again
             outgrown=outgrown if settings.burst_sizing else None,
+            chunk=settings.chunk_size,  # the refill's chunk: a move is fenced per chunk alike
         ).start()
         log.info("beat on %s: drop watcher started", self._identity)
 
