@@ -15,6 +15,7 @@ from leafpool.redis.pool import Pool
 from leafpool.refill import retry as retrying
 from leafpool.refill.base import Refiller
 from leafpool.refill.batch import refill_many
+from leafpool.refill.first_fill import FirstFill
 from workers.application import app, settings, sweep_seconds, watching
 from workers.resources import runtime
 
@@ -87,9 +88,12 @@ def refill_segments(tags: list[str], force: bool = False) -> dict[str, object]:
     tag's result or failure shows in Flower. A failed tag is queued again by the drop
     watcher when its hold ends, or by the sweep."""
     rt = runtime()
+    first = FirstFill(rt.refiller)  # new tags' first fills: one round trip a step for all
     return refill_many(lambda tag: rt.refiller.refill(tag, force=force, clear_queued=True),
                        tags, threads=rt.settings.refill_batch_threads,
-                       keep=_keep_queued(rt.pool)).as_dict()
+                       keep=_keep_queued(rt.pool),
+                       first_fill=lambda batch: first.run(batch, force=force,
+                                                          clear_queued=True)).as_dict()
 
 
 @app.task(name="leafpool.refill_snowflakes")

@@ -7,6 +7,11 @@ saves the task overhead per tag and overlaps the tags' round trips: ``threads`` 
 run at once, so their Redis and database commits (``appendfsync always``, InnoDB's
 commit flush) are written in groups instead of one after the other.
 
+New tags' first fills go by :mod:`leafpool.refill.first_fill` when the caller passes
+``first_fill``: one round trip per protocol step for the whole batch, one database
+transaction for its allocations; the tags it leaves (not plain first fills) are refilled
+one by one as above.
+
 A tag's failure is its own: recorded in its state by the refiller, listed in the batch's
 result, and the drop watcher queues that tag again when its failure's hold ends (it is
 still due: below its low-water mark, or its reserve short), or the next sweep does.
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 
 from leafpool.core.errors import LeafpoolError, UnknownTag
 from leafpool.refill.base import RefillResult
+from leafpool.refill.first_fill import FirstFillDone
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +107,30 @@ def refill_many(
     before: Callable[[str], None] | None = None,
     keep: Callable[[list[str]], None] | None = None,
     keep_every: float = KEEP_EVERY_SECONDS,
+    first_fill: Callable[[Sequence[str]], FirstFillDone] | None = None,
 ) -> BatchResult:
     """``refill(tag)`` for every tag, ``threads`` at a time (``before(tag)`` first: the
     task clears the tag's ``queued`` marker). Every tag is tried; none's failure stops
     the others. ``keep(tags)``: called at once and every ``keep_every`` seconds until the
     batch ends with the tags whose refill has not begun (the task shortens and renews
-    their markers)."""
+    their markers). ``first_fill(tags)``: fills the plain first fills among them at once
+    (:class:`~leafpool.refill.first_fill.FirstFill`); the tags it leaves go by
+    ``refill``, and all of them when it raises."""
     keeper = _Keeper(keep, tags, keep_every) if keep is not None else None
+    first: dict[str, tuple[str, str, int]] = {}
+    if first_fill is not None:
+        try:
+            filled = first_fill(tags)
+        except Exception as exc:  # nothing lost: its locks released or expiring, the
+            # fences refuse what it did not finish; every tag goes the one-tag way
+            log.warning("batch: first fill of %d tags failed, one by one instead: %s",
+                        len(tags), exc)
+        else:
+            first = filled.outcomes
+            if keeper is not None:
+                for tag in first:
+                    keeper.begun(tag)
+            tags = filled.rest
 
     def one(tag: str) -> tuple[str, str, str, int]:
         """(tag, outcome, text, IDs pushed); outcome: refilled, skipped or failed."""
@@ -141,7 +164,7 @@ def refill_many(
         if keeper is not None:
             keeper.stop()
     result = BatchResult()
-    for tag, outcome, what, pushed in outcomes:
+    for tag, outcome, what, pushed in [*((t, *o) for t, o in first.items()), *outcomes]:
         getattr(result, outcome)[tag] = what
         result.pushed += pushed
     if result.failed:
@@ -149,6 +172,6 @@ def refill_many(
             "%s: %d of %d tags in the batch failed to refill",
             next(iter(result.failed)),
             len(result.failed),
-            len(tags),
+            len(tags) + len(first),
         )
     return result

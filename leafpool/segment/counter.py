@@ -10,9 +10,10 @@ change it between the read and the write, so what was decided on the read stands
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, case, func, select
 
 from leafpool.core.config import MAX_ID
 from leafpool.core.errors import OutsideDcSlot, SegmentExhausted, UnknownTag
@@ -145,9 +146,48 @@ def advance(conn: Connection, tag: str, start: int, step: int) -> int:
     ``start + step`` (``start``: the row's ``max_id``, or the floor it is healed up to);
     the new ``max_id``. One that would pass 2**63 - 1 raises :class:`SegmentExhausted`
     and writes nothing."""
-    if start > MAX_ID - step:
-        raise SegmentExhausted(tag, start, step)
+    check_advance(tag, start, step)
     conn.execute(
         leaf_alloc.update().where(leaf_alloc.c.biz_tag == tag)
         .values(max_id=start + step, update_time=func.current_timestamp()))
     return start + step
+
+
+def check_advance(tag: str, start: int, step: int) -> None:
+    """:class:`SegmentExhausted` when an advance by ``step`` from ``start`` would pass
+    2**63 - 1 (checked before anything is written)."""
+    if start > MAX_ID - step:
+        raise SegmentExhausted(tag, start, step)
+
+
+def lock_rows(conn: Connection, tags: Sequence[str]) -> dict[str, Row]:
+    """:func:`lock_row` for many tags in one statement (a tag without a row is left
+    out): the rows are locked in the primary key's order, the tags' sorted order, so two
+    transactions locking overlapping sets wait for each other and never deadlock."""
+    if not tags:
+        return {}
+    names = sorted(tags)
+    if conn.dialect.name == "sqlite":
+        conn.execute(leaf_alloc.update().where(leaf_alloc.c.biz_tag.in_(names))
+                     .values(max_id=leaf_alloc.c.max_id))
+    rows = conn.execute(
+        select(leaf_alloc.c.biz_tag, leaf_alloc.c.max_id, leaf_alloc.c.step)
+        .where(leaf_alloc.c.biz_tag.in_(names)).order_by(leaf_alloc.c.biz_tag)
+        .with_for_update()
+    ).all()
+    return {r.biz_tag: Row(int(r.max_id), int(r.step)) for r in rows}
+
+
+def advance_many(conn: Connection, advances: Sequence[tuple[str, int, int]]) -> None:
+    """:func:`advance` for many rows :func:`lock_rows` locked, ``(tag, start, step)``
+    each (each checked by :func:`check_advance` before anything is written), in one
+    ``UPDATE``: each row's ``max_id`` set to its ``start + step``."""
+    for tag, start, step in advances:
+        check_advance(tag, start, step)
+    if not advances:
+        return
+    new = {tag: start + step for tag, start, step in advances}
+    conn.execute(
+        leaf_alloc.update().where(leaf_alloc.c.biz_tag.in_(sorted(new)))
+        .values(max_id=case(new, value=leaf_alloc.c.biz_tag),
+                update_time=func.current_timestamp()))

@@ -1,0 +1,195 @@
+"""The refill protocol's Redis steps for many tags at once, one pipeline a step: the
+batched first fill of new tags (:mod:`leafpool.refill.first_fill`, docs/design.md §4).
+
+Each tag's commands are the one-tag path's (:class:`~leafpool.redis.pool.Pool`,
+:class:`~leafpool.redis.lock.RefillLock`): the same scripts with the same keys and
+arguments, so every fence holds per tag as it does for one refill (the lock's token,
+the reserve head, the high-water mark). Only the round trips are shared, and with them
+Redis's ``appendfsync always`` flush: one per pipeline, not one per command.
+
+Repeated after a lost reply as the one-tag path repeats them: the lock acquire and
+release, the snapshots and the dry marks (:func:`~leafpool.redis.retries.safely`); the
+fenced writes and the records (counters) are sent once (:func:`send_writes`), and a lost
+reply fails the tags of that pipeline (a fenced write that landed is a reserve the next
+refill finds; one that did not is a gap in the counter, never a repeat).
+
+On one node (or a Sentinel's master) only: a Cluster's tags live on many nodes, and its
+first fills go by the one-tag path.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from leafpool.redis import scripts
+from leafpool.redis.connect import is_cluster, redis_errors
+from leafpool.redis.lock import RefillLock
+from leafpool.redis.pool import Pool, Range
+from leafpool.redis.retries import safely, send_once
+
+#: the scripts a batched first fill sends (loaded once per batch when missing)
+SCRIPTS = ("lock_acquire", "lock_release", "record", "append_reserve", "push_ids", "dry")
+
+
+def batchable(pool: Pool) -> bool:
+    """Whether ``pool``'s tags can be written in shared pipelines (not a Cluster)."""
+    return not is_cluster(pool.redis)
+
+
+class Shas:
+    """The SHA1 of each script of :data:`SCRIPTS`, loaded into the script cache when it
+    is not there (one round trip when all are)."""
+
+    def __init__(self, pool: Pool) -> None:
+        client = pool.redis
+        self._sha = {name: scripts.sha1(name) for name in SCRIPTS}
+        with redis_errors("batch: scripts"):
+            found = safely(lambda: client.script_exists(*self._sha.values()))
+            for name, there in zip(self._sha, found, strict=True):
+                if not there:
+                    src = scripts.source(name)
+                    safely(lambda src=src: client.script_load(src))  # type: ignore[misc]
+
+    def __getitem__(self, name: str) -> str:
+        return self._sha[name]
+
+
+def _repeatable(pool: Pool, commands: Sequence[tuple[Any, ...]], what: str) -> list[Any]:
+    """``commands`` in one pipeline, repeated whole after a lost reply (only commands that
+    are safe to repeat); an error reply is returned in its place."""
+    def send() -> list[Any]:
+        pipe = pool.redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(pipe.execute(raise_on_error=False))
+
+    if not commands:
+        return []
+    with redis_errors(what):
+        return safely(send)
+
+
+def send_writes(pool: Pool, commands: Sequence[tuple[Any, ...]], what: str) -> list[Any]:
+    """``commands`` in one pipeline, sent once, never repeated: the fenced writes and the
+    records with counters. An error reply is returned in its place; a lost reply raises
+    :class:`~leafpool.core.errors.ReplyLost` (some may have run),
+    :class:`~leafpool.core.errors.BackendUnavailable` when nothing was sent."""
+    if not commands:
+        return []
+    return send_once(pool.redis, commands, what)
+
+
+class _PipelinedLock(RefillLock):
+    """A refill lock whose acquire ran in a pipeline of many: :meth:`adopt` reads its
+    reply exactly as :meth:`RefillLock.acquire` reads its own."""
+
+    _reply: Any = None
+
+    def adopt(self, nonce: str, reply: Any) -> bool:
+        self._reply = reply
+        try:
+            held = self._acquire(nonce, [])
+        finally:
+            self._reply = None
+        self._extended_at = self._monotonic()
+        return held
+
+    def _run(self, name: str, args: list[Any], what: str) -> Any:
+        if name == "lock_acquire" and self._reply is not None:
+            if isinstance(self._reply, Exception):
+                raise self._reply
+            return self._reply
+        return super()._run(name, args, what)
+
+
+def acquire_locks(pool: Pool, shas: Shas, tags: Sequence[str], ttl_ms: int,
+                  monotonic: Callable[[], float] = time.monotonic
+                  ) -> dict[str, RefillLock | None]:
+    """Each tag's refill lock taken in one pipeline (``lock_acquire.lua``, as
+    :meth:`RefillLock.acquire`); None for a tag whose lock another refiller holds."""
+    nonces = [secrets.token_hex(16) for _ in tags]
+    keys = [pool.tag(tag).lock for tag in tags]
+    replies = _repeatable(pool, [("EVALSHA", shas["lock_acquire"], 1, key, nonce, ttl_ms)
+                                 for key, nonce in zip(keys, nonces, strict=True)],
+                          "batch: lock acquire")
+    out: dict[str, RefillLock | None] = {}
+    for tag, key, nonce, reply in zip(tags, keys, nonces, replies, strict=True):
+        lock = _PipelinedLock(pool.redis, key, ttl_ms, monotonic)
+        with redis_errors(f"{key}: acquire"):
+            out[tag] = lock if lock.adopt(nonce, reply) else None
+    return out
+
+
+def release_locks(pool: Pool, shas: Shas, locks: Sequence[RefillLock]) -> None:
+    """Release the held ``locks`` in one pipeline (``lock_release.lua``, as
+    :meth:`RefillLock.release`: a lock taken over meanwhile is left to its holder)."""
+    held = [lock for lock in locks if lock.held]
+    for lock in held:
+        lock.held = False
+    _repeatable(pool, [("EVALSHA", shas["lock_release"], 1, lock.name, lock.token)
+                       for lock in held], "batch: lock release")
+
+
+def clear_queued(pool: Pool, tags: Sequence[str]) -> None:
+    """Each tag's ``queued`` marker deleted, in one pipeline (:meth:`Pool.clear_queued`)."""
+    _repeatable(pool, [("DEL", pool.tag(tag).queued) for tag in tags], "batch: clear queued")
+
+
+def record_command(pool: Pool, shas: Shas, tag: str, fields: Mapping[str, object],
+                   counts: Mapping[str, int]) -> tuple[Any, ...]:
+    """:meth:`Pool.record`'s ``record.lua`` call for ``tag``, as a command of a pipeline."""
+    args: list[str | int] = [len(fields)]
+    for name, value in fields.items():
+        args += [name, str(value)]
+    for name, by in counts.items():
+        args += [name, by]
+    return ("EVALSHA", shas["record"], 1, pool.tag(tag).state, *args)
+
+
+def append_command(pool: Pool, shas: Shas, tag: str, token: bytes, segment: Range,
+                   fields: Mapping[str, object]) -> tuple[Any, ...]:
+    """:meth:`Pool.append_reserve`'s ``append_reserve.lua`` call, as a command."""
+    k = pool.tag(tag)
+    pairs: list[str] = []
+    for name, value in fields.items():
+        pairs += [name, str(value)]
+    return ("EVALSHA", shas["append_reserve"], 3, k.reserve, k.state, k.lock, token,
+            str(segment.start), str(segment.end), *pairs)
+
+
+def push_command(pool: Pool, shas: Shas, tag: str, token: bytes, head: Range, count: int,
+                 now_ms: int) -> tuple[Any, ...]:
+    """:meth:`Pool.push`'s ``push_ids.lua`` call (the first ``count`` IDs of the reserve
+    ``head`` into the ready list), as a command."""
+    k = pool.tag(tag)
+    ids = [str(i) for i in range(head.start, head.start + count)]
+    return ("EVALSHA", shas["push_ids"], 4, k.ids, k.reserve, k.state, k.lock, token,
+            head.encode(), head.after_taking(count), now_ms, *ids)
+
+
+def note_dry(pool: Pool, shas: Shas, tags: Sequence[str], now_ms: int) -> None:
+    """:meth:`Pool.note_dry` for each tag, in one pipeline (``dry.lua``: repeatable)."""
+    _repeatable(pool, [("EVALSHA", shas["dry"], 2, pool.tag(tag).ids, pool.tag(tag).state,
+                        now_ms) for tag in tags], "batch: dry marks")
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A write's reply that is not its success: a script's refusal code, or an error."""
+
+    code: int  # the script's code (scripts.REFUSALS), 0 for an error reply
+    error: str = ""
+
+
+def refusal(reply: Any) -> Refused | None:
+    """None when ``reply`` is a script's success (0 or more), else what refused it."""
+    if isinstance(reply, redis.RedisError | Exception):
+        return Refused(0, f"{type(reply).__name__}: {reply}")
+    value = int(reply)
+    return Refused(value) if value < 0 else None
