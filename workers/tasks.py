@@ -15,7 +15,7 @@ from leafpool.redis.pool import Pool
 from leafpool.refill import retry as retrying
 from leafpool.refill.base import Refiller
 from leafpool.refill.batch import refill_many
-from leafpool.refill.first_fill import FirstFill
+from leafpool.segment.first_fill import FirstFill
 from workers.application import app, settings, sweep_seconds, watching
 from workers.resources import runtime
 

@@ -7,7 +7,7 @@ saves the task overhead per tag and overlaps the tags' round trips: ``threads`` 
 run at once, so their Redis and database commits (``appendfsync always``, InnoDB's
 commit flush) are written in groups instead of one after the other.
 
-New tags' first fills go by :mod:`leafpool.refill.first_fill` when the caller passes
+New tags' first fills go by :mod:`leafpool.segment.first_fill` when the caller passes
 ``first_fill``: one round trip per protocol step for the whole batch, one database
 transaction for its allocations; the tags it leaves (not plain first fills) are refilled
 one by one as above.
@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 
 from leafpool.core.errors import LeafpoolError, UnknownTag
 from leafpool.refill.base import RefillResult
-from leafpool.refill.first_fill import FirstFillDone
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +54,16 @@ class BatchResult:
             "skipped": self.skipped,
             "failed": self.failed,
         }
+
+
+@dataclass
+class FirstFillDone:
+    """What a batched first fill did (:mod:`leafpool.segment.first_fill`): each tag's
+    outcome (``refilled``, ``skipped`` or ``failed``, its text, IDs pushed) and the tags
+    it left to the one-tag path, in order."""
+
+    outcomes: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+    rest: list[str] = field(default_factory=list)
 
 
 #: how often a running batch renews the markers of the tags it has not reached
@@ -114,7 +123,7 @@ def refill_many(
     the others. ``keep(tags)``: called at once and every ``keep_every`` seconds until the
     batch ends with the tags whose refill has not begun (the task shortens and renews
     their markers). ``first_fill(tags)``: fills the plain first fills among them at once
-    (:class:`~leafpool.refill.first_fill.FirstFill`); the tags it leaves go by
+    (:class:`~leafpool.segment.first_fill.FirstFill`); the tags it leaves go by
     ``refill``, and all of them when it raises."""
     keeper = _Keeper(keep, tags, keep_every) if keep is not None else None
     first: dict[str, tuple[str, str, int]] = {}

@@ -1,4 +1,4 @@
-"""The batched first fill of new segment tags (leafpool.refill.first_fill, docs/design.md
+"""The batched first fill of new segment tags (leafpool.segment.first_fill, docs/design.md
 §4): each protocol step one round trip for the batch, every allocation in one database
 transaction. Filled exactly as the one-tag refill fills them; no ID twice with a
 concurrent one-tag refill, a second batch or another allocation of the same rows; a tag
@@ -19,8 +19,8 @@ from leafpool.core.errors import LeafpoolError, OutsideDcSlot
 from leafpool.housekeeping.sync import sync_tags
 from leafpool.redis.pool import Pool, Range
 from leafpool.refill.batch import BatchResult, refill_many
-from leafpool.refill.first_fill import FirstFill
 from leafpool.segment.counter import SLOT_SIZE, DcSlot
+from leafpool.segment.first_fill import FirstFill
 from leafpool.segment.refiller import SegmentRefiller
 from leafpool.segment.store import Segment, SegmentStore
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 from leafpool.core.errors import BackendUnavailable, LeafpoolError, StaleWrite, UnknownTag
@@ -37,20 +36,12 @@ from leafpool.redis import pool_batch, replicas, scripts
 from leafpool.redis.lock import RefillLock
 from leafpool.redis.pool import Pool, Range, Snapshot
 from leafpool.refill.base import RefillResult
+from leafpool.refill.batch import FirstFillDone
 from leafpool.segment.refiller import MAX_ALLOCATIONS_PER_REFILL, SegmentRefiller, _Allocator
 from leafpool.segment.step import StepRule
 from leafpool.segment.store import Segment, SegmentStore
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class FirstFillDone:
-    """What the batched first fill did: each tag's outcome (``refilled``, ``skipped`` or
-    ``failed``, its text, IDs pushed) and the tags left to the one-tag path, in order."""
-
-    outcomes: dict[str, tuple[str, str, int]] = field(default_factory=dict)
-    rest: list[str] = field(default_factory=list)
 
 
 class _Records:
