@@ -1,5 +1,5 @@
 """The refill protocol's Redis steps for many tags at once, one pipeline a step: the
-batched first fill of new tags (:mod:`leafpool.refill.first_fill`, docs/design.md §4).
+batched first fill of new tags (:mod:`leafpool.segment.first_fill`, docs/design.md §4).
 
 Each tag's commands are the one-tag path's (:class:`~leafpool.redis.pool.Pool`,
 :class:`~leafpool.redis.lock.RefillLock`): the same scripts with the same keys and
