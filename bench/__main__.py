@@ -48,6 +48,7 @@ class Sizes:
     snowflake_rounds: int = 5
     snowflake_round_s: float = 0.25
     http: list[str] = field(default_factory=list)  # http_bench arguments
+    http_micro: list[str] = field(default_factory=list)  # http_micro arguments
     repl_single: int = 3_000  # replication: next_id calls per configuration and round
     repl_batch: int = 1_000  # replication: next_ids(100) calls per configuration and round
     repl_rounds: int = 5
@@ -65,6 +66,7 @@ QUICK = Sizes(single=5_000, batch=1_000, repl_single=1_000, repl_batch=300, repl
 SMOKE = Sizes(single=200, batch=20, refill=2_000, fill=1_000, settle_s=3.0, memory=10_000,
               redis_requests=1_000, snowflake_rounds=1, snowflake_round_s=0.01,
               http=["--duration", "0.3", "--batch", "10", "--connections", "4", "--rounds", "1"],
+              http_micro=["--requests", "300", "--tasks", "4", "--rounds", "1"],
               repl_single=30, repl_batch=5, repl_rounds=1, tls_single=50, tls_batch=5,
               tls_connects=3)
 
@@ -82,9 +84,10 @@ def replication_section(sizes: Sizes) -> None:
 
 
 def http_section(sizes: Sizes) -> None:
-    from bench import http_bench
+    from bench import http_bench, http_micro
 
     http_bench.main(sizes.http)
+    http_micro.main(sizes.http_micro)  # the path's own CPU, in process (issue 30)
 
 
 def burst_section(sizes: Sizes, size: str) -> None:

@@ -14,7 +14,7 @@ error middleware would."""
 
 from __future__ import annotations
 
-import time
+from time import perf_counter
 from typing import TYPE_CHECKING
 
 from starlette.types import Receive, Scope, Send
@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 _PREFIXES = {f"/api/{mode}/get/": mode for mode in MODES}
 _PREFIX_LEN = {mode: len(p) for p, mode in _PREFIXES.items()}
 _TEXT = b"text/plain; charset=utf-8"
+_GET = {mode: f"/api/{mode}/get" for mode in MODES}  # the metrics' endpoint label
+#: the ``http.response.start`` message by the body's length, built once (a server reads a
+#: message, it does not change it: uvicorn and granian copy the headers out)
+_STARTS: dict[int, dict[str, object]] = {}
 
 
 class FastIds:
@@ -39,6 +43,7 @@ class FastIds:
     def __init__(self, endpoints: IdEndpoints) -> None:
         self.endpoints = endpoints
         self.enabled = not endpoints.svc.auth.policy.enabled  # tokens: the full path
+        self._observe = endpoints.svc.http.observe
 
     def match(self, scope: Scope) -> tuple[str, str] | None:
         """(mode, tag) when the request is one this path answers."""
@@ -65,7 +70,7 @@ class FastIds:
     async def answer(self, mode: str, tag: str, scope: Scope, receive: Receive,
                      send: Send) -> None:
         """Answer the request :meth:`match` matched as ``(mode, tag)``."""
-        started = time.perf_counter()
+        started = perf_counter()
         endpoints = self.endpoints
         try:
             endpoints.check_tag(tag)
@@ -79,16 +84,17 @@ class FastIds:
             endpoints.gone(tag, 1, mode, False, started)
             return
         body = str(value).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"cache-control", b"no-store"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"content-type", _TEXT),
-                ],
-            }
-        )
+        start = _STARTS.get(len(body))
+        if start is None:
+            start = _STARTS[len(body)] = _start(len(body))
+        await send(start)
         await send({"type": "http.response.body", "body": body})
-        endpoints.observe(mode, False, 200, started)
+        self._observe(_GET[mode], 200, perf_counter() - started)
+
+
+def _start(length: int) -> dict[str, object]:
+    """The ``http.response.start`` message of an ID of ``length`` digits."""
+    return {"type": "http.response.start", "status": 200,
+            "headers": [(b"cache-control", b"no-store"),
+                        (b"content-length", str(length).encode()),
+                        (b"content-type", _TEXT)]}
