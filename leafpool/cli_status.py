@@ -10,8 +10,6 @@ values under the JSON's field names, the notices on stderr: for ``cut`` and ``aw
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -43,6 +41,7 @@ from leafpool.status import (
     status_json,
     status_row,
 )
+from leafpool.status import collector_paused as _collector_paused
 
 #: ``--format tsv``: plain values under the JSON's field names (integers without
 #: separators, times as ms since the epoch, durations in seconds, rates in IDs/s, an empty
@@ -71,7 +70,7 @@ def status(
         validate_tag(tag)
     chosen = Format.json if as_json else fmt
     while True:
-        with _collector_paused():
+        with _collector_paused():  # the printing too
             if chosen is Format.json:  # written as read, a chunk at a time
                 now_ms = time.time() * 1000
                 names = tags if tags is not None else rt.pool.tags()
@@ -88,20 +87,6 @@ def status(
         if not watch:
             return
         time.sleep(watch)
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector held off while a status is read and printed: the
-    half million objects of 10,000 tags' replies set off its full collections again and
-    again (a fifth of the command's time); the replies hold no cycles."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _print_details(rows: list[TagStatus], clear: bool) -> None:

@@ -1,12 +1,14 @@
-"""The status and the /metrics exposition read in chunks of packed ``HMGET``s and parsed
-from the raw replies (leafpool.status.status_from, ManyTags.status_reads) give, byte for
-byte, what the code before them gave: the reference below is that code, kept as it was
-(each tag's snapshot read with redis-py's own pipeline, its whole state hash parsed, the
-exposition written a sample at a time), run on the same real Redis holding 620 tags in
-varied states (more than one pipeline's chunk)."""
+"""The status and the /metrics exposition read in chunks of packed commands and parsed
+from the raw replies (leafpool.status.status_from, ManyTags.status_reads), and the JSON
+written from a template, give, byte for byte, what the code before them gave: the
+reference below is that code, kept as it was (each tag's snapshot read with redis-py's own
+pipeline, its whole state hash parsed, the exposition written a sample at a time, each
+status's JSON by ``json.dumps``), run on the same real Redis holding 620 tags in varied
+states (more than one pipeline's chunk)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -133,6 +135,13 @@ def reference_status(snap: Snapshot, now_ms: float | None = None) -> TagStatus:
 
 def reference_statuses(pool: Pool, now_ms: float) -> list[TagStatus]:
     return [reference_status(pool.snapshot(tag), now_ms) for tag in pool.tags()]
+
+
+def reference_json(statuses: list[TagStatus]) -> str:
+    """status_json before: ``json.dumps`` of each status's fields."""
+    if not statuses:
+        return "[]\n"
+    return "[\n" + ",\n".join(json.dumps(st.as_dict()) for st in statuses) + "\n]\n"
 
 
 def _value(value: float) -> str:
@@ -263,7 +272,7 @@ def test_the_status_is_what_it_was(pool: Pool, r: redis.Redis) -> None:
     assert any(st.counter_behind for st in new) and any(st.locked for st in new)
     names = [f.name for f in fields(TagStatus)]
     assert all(list(st.__dict__) == names for st in new)  # the JSON's key order
-    assert status_json(new) == status_json(ref)
+    assert status_json(new) == reference_json(ref)
     json.loads(status_json(new))
     # one snapshot's status (the HTTP service's path) as before
     for tag in ("t000", "t001", "t002"):
@@ -324,3 +333,54 @@ def test_the_json_written_in_pieces_is_the_json_at_once(pool: Pool, r: redis.Red
         whole = [s for chunk in chunks for s in chunk]
         assert "".join(status_json_parts(chunks)) == status_json(whole)
     assert status_json([]) == "[]\n"
+
+
+def test_tags_of_every_name_length_are_read_as_before(pool: Pool, r: redis.Redis) -> None:
+    """The commands of a tag are packed once per name length (its name joined into them):
+    names of 1 to 40 characters, and a name that is not ASCII (a tag set written by hand),
+    read among each other what each tag's own snapshot reads."""
+    names = ["abcdefghijklmnopqrstuvwxyz0123456789_.-X"[:n] for n in range(1, 41)]
+    names += ["zé", "z%d{x}"]
+    for i, tag in enumerate(names):
+        pool.register(tag, "segment", 0, max_id=1000 + i, last_error=f"e{tag}")
+        r.rpush(pool.tag(tag).ids, *range(i + 1))
+        r.rpush(pool.tag(tag).reserve, f"{i}:{2 * i + 1}")
+        if i % 3 == 0:
+            r.set(pool.tag(tag).lock, "token")
+        if i % 4 == 0:
+            r.hset(pool.tag(tag).hits, "gaps", i)
+    new = pool_status(pool, now_ms=NOW_MS)
+    assert [st.tag for st in new] == sorted(names)
+    assert repr(new) == repr(reference_statuses(pool, NOW_MS))
+    assert [st.length for st in new] == [names.index(st.tag) + 1 for st in new]
+
+
+def test_the_json_of_fields_of_other_types_is_json_dumps() -> None:
+    """A status built by hand with values of types its fields do not declare (an int rate,
+    a float length, a bool max_id, a str subclass, numbers among the reserve's ranges, no
+    worker IDs list, an attribute more or fields out of order) is written as
+    ``json.dumps`` of its fields writes it."""
+    class Text(str):
+        pass
+
+    base = TagStatus("t", "segment", 1, 2, 1, ["1:2"], 1, 3, None, 0.5, None, None, "", "",
+                     None, 0, 0, 0, 0, 0, False, "")
+    odd: list[dict[str, object]] = [
+        {"rate": 3}, {"length": 1.5}, {"max_id": True}, {"tag": Text("t\u00e9")},
+        {"reserve": ["1:2", 7]}, {"worker_ids": ("1", "2")}, {"seconds_left": math.inf},
+        {"peak_rate": math.nan}, {"last_alloc_ms": -math.inf}, {"locked": 1},
+        {"counter_behind": None}, {"hwm": None}, {"last_error": 'a "b"\n\\ \u2603'},
+        {"time_bits_years_left": 41}, {"target": 2**70}, {"reserve": []},
+    ]
+    for change in odd:
+        st = copy.copy(base)
+        st.__dict__.update(change)
+        assert status_json([st]) == reference_json([st]), change
+    assert status_json([base]) == reference_json([base])
+    extra = copy.copy(base)
+    extra.note = "x"  # type: ignore[attr-defined]
+    assert status_json([extra]) == reference_json([extra])
+    moved = copy.copy(base)
+    del moved.tag
+    moved.tag = "t"
+    assert status_json([moved]) == reference_json([moved])
