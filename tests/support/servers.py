@@ -11,6 +11,7 @@ main thread: none outlives the test run or the benchmark that started it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -134,22 +135,75 @@ def redis_server(config: Path | None = None, extra_args: list[str] | None = None
 
 # -- MariaDB ---------------------------------------------------------------------------
 
+#: pristine data directories made by mariadb-install-db, one a binary and user (the
+#: bootstrap's fsyncs take 5-10 s on a busy machine; a copy of its result, about one)
+MARIADB_TEMPLATES = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
+    / "leafpool" / "mariadb-install-db"
+
+
+def _install_argv(install: str, data: Path, user: str) -> list[str]:
+    return [install, "--no-defaults", f"--datadir={data}", f"--user={user}",
+            "--auth-root-authentication-method=normal", "--skip-test-db"]
+
+
+def _template_key(install: str, user: str) -> str:
+    """Over the install script's and the server binary's identity (path, size, mtime: a
+    package upgrade is a new key) and the command line."""
+    parts = [*_install_argv(install, Path("DATA"), user)]
+    for name in ("mariadbd", "mysqld"):
+        found = shutil.which(name) or (f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists()
+                                       else None)
+        if found:
+            st = Path(found).stat()
+            parts += [found, str(st.st_size), str(st.st_mtime_ns)]
+    st = Path(install).stat()
+    parts += [str(st.st_size), str(st.st_mtime_ns)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def _chown_tree(path: Path, user: str) -> None:
+    for root, dirs, files in os.walk(path):
+        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+            shutil.chown(name, user, user)
+
+
 def install_mariadb(data: Path, user: str = "root") -> Path:
     """``mariadb-install-db`` into ``data``, with a temporary directory of its own beside
     it, returned for the server's ``--tmpdir``: bootstraps running at once (the suite's
     workers) removed each other's temporary tables in /tmp ("Unknown table
-    'mysql.tmp_user_sys'")."""
+    'mysql.tmp_user_sys'").
+
+    The first install of a binary and user is kept as a template
+    (:data:`MARIADB_TEMPLATES`) and the next ones are copies of it: the same files, as
+    no server has run on them yet."""
     install = shutil.which("mariadb-install-db") or shutil.which("mysql_install_db")
     if install is None:
         raise NotInstalled("mariadb-server")
     tmp = data.parent / "tmp"
     tmp.mkdir(exist_ok=True)
     shutil.chown(tmp, user, user)
+    template = MARIADB_TEMPLATES / _template_key(install, user)
+    if (template / "complete").exists():
+        shutil.copytree(template / "data", data, symlinks=True)
+        if user != "root":
+            _chown_tree(data, user)
+        return tmp
     subprocess.run(
-        [install, "--no-defaults", f"--datadir={data}", f"--user={user}",
-         "--auth-root-authentication-method=normal", "--skip-test-db"],
+        _install_argv(install, data, user),
         check=True, capture_output=True, timeout=120, env={**os.environ, "TMPDIR": str(tmp)},
     )
+    # kept for the next ones: copied under a name of its own, then renamed into place (a
+    # concurrent install keeping its own copy finds the place taken and drops its copy)
+    MARIADB_TEMPLATES.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="staging-", dir=MARIADB_TEMPLATES))
+    try:
+        shutil.copytree(data, staging / "data", symlinks=True)
+        (staging / "complete").touch()
+        os.rename(staging, template)
+    except OSError:
+        pass  # another process's copy is in place (or the cache is not writable)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return tmp
 
 
