@@ -13,8 +13,8 @@ from leafpool.core.keys import TagKeys
 from leafpool.redis import scripts
 from leafpool.redis.lock import written_here
 
-SCRIPTS = ("push_ids", "append_reserve", "take_reserve", "push_fresh", "record", "drop", "dry",
-           "trim_reserve")
+SCRIPTS = ("push_ids", "push_range", "append_reserve", "take_reserve", "push_fresh", "record",
+           "drop", "dry", "trim_reserve")
 
 
 @dataclass(frozen=True)

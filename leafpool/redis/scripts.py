@@ -11,11 +11,13 @@ refuses a call whose arguments are not canonical decimals (:data:`NOT_DECIMAL`) 
 agree with each other (:data:`INCONSISTENT`: the new reserve head against the last ID
 handed out, a count against the first and last ID, a recorded ``max_id``/``step`` against
 the range) and writes nothing. Only the IDs between the first and last of a
-``push_ids`` chunk are trusted unchecked (see its header).
+``push_ids`` chunk are trusted unchecked (see its header); ``push_range`` generates them
+from the first and last, below 2^53 (:data:`BEYOND_DOUBLES` above).
 
 Retrying after a lost reply (the script may or may not have run):
 
-- ``push_ids``: safe; a repeat of a chunk that went through finds the head moved (-2).
+- ``push_ids``, ``push_range``: safe; a repeat of a chunk that went through finds the head
+  moved (-2).
 - ``append_reserve``: safe; a repeat of a range that went through is refused (-5, or -3
   once the range was pushed).
 - ``push_fresh``: safe; a repeat of IDs that went through is refused (-3).
@@ -46,6 +48,7 @@ NOT_DECIMAL = -7
 INCONSISTENT = -8
 LOCK_HELD = -9  # spill_reserve: a refill lock exists
 LIST_FILLED = -10  # spill_reserve: the list holds as many IDs as the caller's bound
+BEYOND_DOUBLES = -11  # push_range: the last ID is 2^53 or above (push_ids sends those)
 
 REFUSALS = {
     LOCK_LOST: "the refill lock is not held with this token",
@@ -59,6 +62,8 @@ REFUSALS = {
                   "follow from the IDs or range it hands out or adds",
     LOCK_HELD: "the tag's refill lock exists (a refill fills the list)",
     LIST_FILLED: "the list holds as many IDs as the bound given (filled meanwhile)",
+    BEYOND_DOUBLES: "the last ID is 2^53 or above: Lua cannot generate it exactly "
+                    "(push_ids sends such IDs)",
 }
 
 # Refusals a client taking from the reserve may retry: the state it read has moved on.

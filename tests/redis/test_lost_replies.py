@@ -236,20 +236,44 @@ def _locked(r: redis.Redis, pool: Pool) -> RefillLock:
     return lock
 
 
+@pytest.mark.parametrize(("script", "first"), [("push_range", 1), ("push_ids", 2**62)])
 def test_a_push_repeated_after_a_lost_reply_lands_once(
-    proxy: FaultProxy, r: redis.Redis
+    proxy: FaultProxy, r: redis.Redis, script: str, first: int
 ) -> None:
     pool = Pool(connect(proxy.url()))
     lock = _locked(r, pool)
-    pool.append_reserve(TAG, lock.token, Range(1, 2001))
+    pool.append_reserve(TAG, lock.token, Range(first, first + 2000))
     _loaded(r)
-    command, match = _script("push_ids")
+    command, match = _script(script)  # below 2^53 the IDs are generated in Redis
     rule = proxy.drop_reply(command, match)
-    assert pool.push(TAG, lock.token, Range(1, 2001), 1000, 0) == 1000  # the first try's
-    assert rule.fired.is_set()
-    assert [int(i) for i in r.lrange(pool.tag(TAG).ids, 0, -1)] == list(range(1, 1001))
-    assert r.lrange(pool.tag(TAG).reserve, 0, -1) == [b"1001:2001"]
+    assert pool.push(TAG, lock.token, Range(first, first + 2000), 1000, 0) == 1000
+    assert rule.fired.is_set()  # the first try's
+    assert [int(i) for i in r.lrange(pool.tag(TAG).ids, 0, -1)] == \
+        list(range(first, first + 1000))
+    assert r.lrange(pool.tag(TAG).reserve, 0, -1) == [f"{first + 1000}:{first + 2000}".encode()]
     assert _counts(r)["pushed"] == 1000
+
+
+def test_a_run_of_chunks_repeated_after_a_lost_reply_lands_each_chunk_once(
+    proxy: FaultProxy, r: redis.Redis
+) -> None:
+    """The pipeline of a refill's chunks whose reply was lost: sent again from the
+    high-water mark, so each chunk lands once."""
+    pool = Pool(connect(proxy.url()))
+    lock = _locked(r, pool)
+    pool.append_reserve(TAG, lock.token, Range(1, 301))
+    pool.append_reserve(TAG, lock.token, Range(2**62, 2**62 + 100))
+    _loaded(r)
+    command, match = _script("push_range")
+    rule = proxy.drop_reply(command, match)
+    chunks = [(Range(1, 301), 100), (Range(101, 301), 200), (Range(2**62, 2**62 + 100), 50)]
+    run = pool.push_run(TAG, lock.token, chunks, 0)
+    assert rule.fired.is_set()
+    assert (run.landed, run.pushed, run.length, run.code) == (3, 350, 350, 0)
+    assert [int(i) for i in r.lrange(pool.tag(TAG).ids, 0, -1)] == \
+        [*range(1, 301), *range(2**62, 2**62 + 50)]
+    assert r.lrange(pool.tag(TAG).reserve, 0, -1) == [f"{2**62 + 50}:{2**62 + 100}".encode()]
+    assert _counts(r)["pushed"] == 350
 
 
 def test_a_reserve_append_repeated_after_a_lost_reply_lands_once(

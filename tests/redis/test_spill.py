@@ -8,7 +8,7 @@ times, no ID is handed out twice and the IDs come out strictly increasing."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 import redis
@@ -17,7 +17,7 @@ from leafpool.core.config import Settings
 from leafpool.core.errors import InvalidArgument, StaleWrite
 from leafpool.core.keys import Keys
 from leafpool.redis import scripts
-from leafpool.redis.pool import Pool
+from leafpool.redis.pool import Pool, PushRun
 from leafpool.redis.pool_common import Range
 from leafpool.redis.spill import ReserveSpill, Spilled
 from leafpool.segment.refiller import SegmentRefiller
@@ -128,6 +128,13 @@ class HookedPool(Pool):
         if hook is not None:
             hook()
         return super().push(tag, token, head, count, now_ms)
+
+    def push_run(self, tag: str, token: bytes, chunks: Sequence[tuple[Range, int]],
+                 now_ms: int) -> PushRun:  # the segment refill's pushes
+        hook, self.before_push = self.before_push, None
+        if hook is not None:
+            hook()
+        return super().push_run(tag, token, chunks, now_ms)
 
 
 class HookedSpill(ReserveSpill):

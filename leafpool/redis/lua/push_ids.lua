@@ -39,6 +39,6 @@ local head = redis.call('LINDEX', KEYS[2], 0)
 if head ~= ARGV[2] then return -2 end
 if #ARGV < 5 or not dec(ARGV[4]) then return -7 end
 
-local refused = chunk_fence(head, ARGV[3], KEYS[3])
+local refused = chunk_fence(head, ARGV[3], KEYS[3], ARGV[5], ARGV[#ARGV], #ARGV - 4)
 if refused ~= 0 then return refused end
 return chunk_push(KEYS[1], KEYS[2], KEYS[3], ARGV[3], ARGV[4])

@@ -52,7 +52,7 @@ if not gt(ARGV[4], tostring(len)) then return -10 end
 local head = redis.call('LINDEX', KEYS[2], 0)
 if head ~= ARGV[1] then return -2 end
 
-local refused = chunk_fence(head, ARGV[2], KEYS[3])
+local refused = chunk_fence(head, ARGV[2], KEYS[3], ARGV[5], ARGV[#ARGV], #ARGV - 4)
 if refused ~= 0 then return refused end
 len = chunk_push(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[3], 'reserve_due', '1')
