@@ -273,10 +273,19 @@ def _value(value: float) -> str:
     return repr(float(value)) if math.isfinite(value) else floatToGoString(value)  # type: ignore[no-untyped-call]
 
 
-def _gauge(value: float) -> str:
-    """:func:`_value` with the common case first."""
-    v = float(value)
-    return repr(v) if v - v == 0.0 else _value(v)
+#: what :func:`_value` writes for the floats ``repr`` writes otherwise
+_NOT_FINITE = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}
+
+
+def _samples(name: str, labels: Iterable[str], values: Iterable[float]) -> list[str]:
+    """A family's sample lines, ``name``, label and :func:`_value` of the value (a number),
+    written by ``map`` over the family's values (no Python call a sample but the
+    readers': a list comprehension a family took 6 of a 100,000-tag scrape's 10 s)."""
+    text = list(map(float.__repr__, map(float, values)))
+    if not _NOT_FINITE.keys().isdisjoint(text):
+        text = [_NOT_FINITE.get(t, t) for t in text]
+    lines = list(map(operator.add, map(name.__add__, labels), text))
+    return ["\n".join(lines) + "\n"] if lines else []
 
 
 def _header(name: str, doc: str, kind: str) -> str:
@@ -313,18 +322,21 @@ def pool_text(collector: PoolCollector, after: bytes = b"") -> bytes:
         modes[st.mode] = modes.get(st.mode, 0) + 1
     out += [f'leafpool_tags{{mode="{mode}"}} {float(n)!r}\n' for mode, n in sorted(modes.items())]
     labels = [f'{{tag="{st.tag}",mode="{st.mode}"}} ' for st in statuses]
-    tagged = list(zip(statuses, labels, strict=True))
     for name, doc, read in GAUGES:
         out.append(_header(name, doc, "gauge"))
-        # a list comprehension a family instead of an append a sample
-        out += [f"{name}{label}{_gauge(v)}\n" for st, label in tagged
-                if (v := read(st)) is not None]
+        values = list(map(read, statuses))
+        kept = list(map(operator.is_not, values, itertools.repeat(None)))
+        out += _samples(name, itertools.compress(labels, kept),
+                        itertools.compress(values, kept))  # type: ignore[arg-type]
+    kept_by_modes: dict[tuple[str, ...], tuple[list[TagStatus], list[str]]] = {}
     for name, doc, attr, kept_by in COUNTERS:
         out.append(_header(f"{name}_total", doc, "counter"))  # as prometheus-client writes it
-        get = operator.attrgetter(attr)
-        # counters are ints and finite sums: repr(float(v)), what _value writes for them
-        out += [f"{name}_total{label}{float(get(st))!r}\n" for st, label in tagged
-                if st.mode in kept_by]
+        if kept_by not in kept_by_modes:
+            kept = [st.mode in kept_by for st in statuses]
+            kept_by_modes[kept_by] = (list(itertools.compress(statuses, kept)),
+                                      list(itertools.compress(labels, kept)))
+        of, their_labels = kept_by_modes[kept_by]
+        out += _samples(f"{name}_total", their_labels, map(operator.attrgetter(attr), of))
     out.append(
         _header(
             "leafpool_snowflake_lease_state",
