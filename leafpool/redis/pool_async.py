@@ -49,6 +49,9 @@ from leafpool.redis.pops import (
 from leafpool.redis.retries import safely_async, send_once_async
 
 log = logging.getLogger(__name__)
+#: connections the lean pop keeps between pops (each counts against the client pool's
+#: max_connections); a pop beyond them takes one from the pool and gives it back
+LEAN_IDLE = 4
 
 
 class AsyncPool:
@@ -180,11 +183,11 @@ class AsyncPool:
         """``LPOP key count`` sent once, as :meth:`_once` sends it through
         :func:`~leafpool.redis.retries.send_once_async` (docs/design.md §7.2), without
         the costs that are not the pop's (issue 30: redis-py's round trip cost five times
-        a bare one): the connection is one of this pool's own, taken from the client's
-        pool once and kept (no pool lock, no observability records per pop); the command
-        is packed once per key and count; it is written without a task around the write
-        (redis-py's ``wait_for``), waiting under the socket timeout only when the
-        transport holds it back.
+        a bare one): the connection is one of up to :data:`LEAN_IDLE` kept between pops,
+        taken from the client's pool once (no pool lock, no observability records per
+        pop); the command is packed once per key and count; it is written without a task
+        around the write (redis-py's ``wait_for``), waiting under the socket timeout only
+        when the transport holds it back.
 
         The same guarantees: nothing sent, nothing counted (a failed connect or health
         check); once the write has begun, a lost reply or a cancellation counts the
@@ -234,7 +237,10 @@ class AsyncPool:
                 raise ReplyLost(f"redis: {tag}: LPOP: reply lost: {exc}") from exc
             raise
         finally:
-            idle.append(conn)
+            if len(idle) < LEAN_IDLE:
+                idle.append(conn)
+            else:  # more pops at once than kept: back to the client's pool
+                await self.redis.connection_pool.release(conn)
         settle([reply], SEND_ATTEMPTS - 1, None, f"{tag}: LPOP")  # an error reply raised
         return reply
 

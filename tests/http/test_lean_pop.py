@@ -15,7 +15,7 @@ import redis
 
 from leafpool.core.errors import BackendUnavailable, LeafpoolError, ReplyLost
 from leafpool.redis.connect import connect_async
-from leafpool.redis.pool_async import AsyncPool
+from leafpool.redis.pool_async import LEAN_IDLE, AsyncPool
 from tests.support.faultproxy import FaultProxy
 from tests.support.http_helpers import fill
 
@@ -118,3 +118,24 @@ def test_an_error_reply_is_raised_takes_nothing_and_the_connection_serves_on(
 
     assert asyncio.run(run()) == [1, 2]
     assert _hits(r) == {}
+
+
+def test_concurrent_pops_keep_at_most_lean_idle_connections_from_the_pool(
+    redis_url: str, r: redis.Redis
+) -> None:
+    """30 pops at once: each ID once; afterwards the lean pop keeps at most LEAN_IDLE
+    connections checked out of the client's pool (the others went back), so the pool's
+    max_connections still serves every other command."""
+    fill(r, TAG, list(range(1, 61)))
+
+    async def run() -> tuple[list[int], int, int]:
+        pool = AsyncPool(connect_async(redis_url))
+        got = await asyncio.gather(*(pool.pop_many(TAG, 2) for _ in range(30)))
+        in_use = len(pool.redis.connection_pool._in_use_connections)
+        kept = len(pool._idle)
+        await pool.redis.aclose()
+        return [i for ids in got for i in ids], in_use, kept
+
+    ids, in_use, kept = asyncio.run(run())
+    assert sorted(ids) == list(range(1, 61))
+    assert kept == in_use == LEAN_IDLE
