@@ -23,7 +23,8 @@ TAG = "order"
 
 
 def _hits(r: redis.Redis) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in r.hgetall(f"leafpool:{{{TAG}}}:hits").items()}
+    raw: dict[bytes, bytes] = r.hgetall(f"leafpool:{{{TAG}}}:hits")  # type: ignore[assignment]
+    return {k.decode(): int(v) for k, v in raw.items()}
 
 
 async def _counted(pool: AsyncPool) -> None:
