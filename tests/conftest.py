@@ -31,6 +31,17 @@ pytest_plugins = ["tests.support.tmp_retention"]
 _db_counter = itertools.count()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules holding a ``slow`` test run first, the rest after, each module's tests
+    kept together and in order: ``./dev test``'s workers (``--dist loadgroup``) take the
+    tests in this order, and a long test taken last ended the run alone (the bench's
+    sections, the system tests, collected after every other directory, ran in the last
+    minutes while the other workers had finished)."""
+    slow_modules = {item.nodeid.split("::", 1)[0] for item in items
+                    if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in slow_modules)
+
+
 @pytest.fixture(autouse=True)
 def _redis_commands_from_the_redis_layer() -> Iterator[None]:
     """Fails the test during which leafpool's code outside ``leafpool/redis/`` sent a
