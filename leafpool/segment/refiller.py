@@ -36,6 +36,9 @@ MAX_ALLOCATIONS_PER_REFILL = 16
 # A client taking from the reserve (policy "reserve") moves its head under a running
 # refill; the refill reads the reserve again and carries on, this many times at most.
 MAX_HEAD_REREADS = 1000
+# Chunks sent in one pipeline (Pool.push_run): Redis runs them in one pass of its event
+# loop and, with appendfsync always, waits for one fsync instead of one a chunk.
+CHUNKS_PER_ROUND_TRIP = 8
 
 
 class SegmentRefiller(Refiller):
@@ -82,30 +85,33 @@ class SegmentRefiller(Refiller):
             rate=m.rate if s.burst_sizing else 0.0,
         )
 
-        # 3: fill the list from the reserve, in chunks
+        # 3: fill the list from the reserve, in chunks, several a round trip
         if snap.length < low_water or (force and snap.length < target):
             need = target - snap.length
             rereads = 0
             while need > 0:
                 if not reserve:
                     reserve.append(alloc.allocate())
-                head = reserve[0]
-                n = min(s.chunk_size, need, head.size)
-                try:
-                    result.length = self.pool.push(tag, lock.token, head, n, self._now_ms())
-                except StaleWrite as exc:
+                # (an empty head range, never appended, would be refused -7 as before)
+                chunks = _chunks(reserve, need, s.chunk_size) or [(reserve[0], 0)]
+                run = self.pool.push_run(tag, lock.token, chunks, self._now_ms())
+                if run.length >= 0:
+                    result.length = run.length
+                result.pushed += run.pushed
+                need -= run.pushed
+                for head, n in chunks[:run.landed]:
+                    reserve[0] = Range(head.start + n, head.end)
+                    if reserve[0].size == 0:
+                        reserve.pop(0)
+                if run.code:
                     # a client took IDs from the reserve head (policy "reserve") while the
                     # list was empty: read the reserve again and go on from its new head
-                    if exc.code != scripts.HEAD_MOVED or rereads >= MAX_HEAD_REREADS:
-                        raise
+                    if run.code != scripts.HEAD_MOVED or rereads >= MAX_HEAD_REREADS:
+                        raise StaleWrite(f"{tag}: push of {chunks[run.landed][1]} IDs from "
+                                         f"{chunks[run.landed][0].encode()} refused: "
+                                         f"{scripts.REFUSALS[run.code]}", code=run.code)
                     rereads += 1
                     reserve = self.pool.snapshot(tag).reserve
-                    continue
-                result.pushed += n
-                need -= n
-                reserve[0] = Range(head.start + n, head.end)
-                if reserve[0].size == 0:
-                    reserve.pop(0)
                 lock.keep()
             if rereads:
                 log.info(
@@ -150,6 +156,23 @@ class SegmentRefiller(Refiller):
             segment_lasted_s=f"{lasted:.3f}",
         )
         return lasted
+
+
+def _chunks(reserve: list[Range], need: int, size: int) -> list[tuple[Range, int]]:
+    """The chunks that push ``need`` IDs (at most :data:`CHUNKS_PER_ROUND_TRIP` of them, of
+    at most ``size`` IDs each) from the reserve's ranges in order: each chunk's head is the
+    one the chunks before it leave."""
+    chunks: list[tuple[Range, int]] = []
+    for rng in reserve:
+        head = rng
+        while need > 0 and head.size > 0 and len(chunks) < CHUNKS_PER_ROUND_TRIP:
+            n = min(size, need, head.size)
+            chunks.append((head, n))
+            need -= n
+            head = Range(head.start + n, head.end)
+        if need <= 0 or len(chunks) >= CHUNKS_PER_ROUND_TRIP:
+            break
+    return chunks
 
 
 class _Allocator:

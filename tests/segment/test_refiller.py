@@ -203,14 +203,14 @@ def test_a_client_taking_from_the_reserve_does_not_break_the_refill(
     r.delete("leafpool:{order}:ids")  # the list ran dry; the reserve starts at 2001
     client = Client(r, settings=make_settings(), policy="reserve", wait_seconds=0)
     taken: list[int] = []
-    push = refiller.pool.push
+    push_run = refiller.pool.push_run  # the refill's pushes, a run of chunks at a time
 
-    def client_takes_first(*args: object, **kwargs: object) -> int:
+    def client_takes_first(*args: object, **kwargs: object) -> object:
         if not taken:
             taken.extend(client.next_ids("order", 5))
-        return push(*args, **kwargs)  # type: ignore[arg-type]
+        return push_run(*args, **kwargs)  # type: ignore[arg-type]
 
-    refiller.pool.push = client_takes_first  # type: ignore[method-assign]
+    refiller.pool.push_run = client_takes_first  # type: ignore[method-assign,assignment]
     result = refiller.refill("order")
     assert taken == [2001, 2002, 2003, 2004, 2005]
     assert result.pushed == result.target and ids(r, "order")[0] == 2006
@@ -247,17 +247,17 @@ def test_a_refill_of_a_tag_dropped_meanwhile_leaves_no_key_behind(
     """The tag sync drops a tag while its refill runs: the refill's writes are refused
     and its records are not written, so no stray state hash outlives the tag."""
     store.add_tag("order", step=1000)
-    push = refiller.pool.push
+    push_run = refiller.pool.push_run  # the refill's pushes, a run of chunks at a time
 
-    def dropped_first(*args: object, **kwargs: object) -> int:
+    def dropped_first(*args: object, **kwargs: object) -> object:
         refiller.pool.drop("order")
-        return push(*args, **kwargs)  # type: ignore[arg-type]
+        return push_run(*args, **kwargs)  # type: ignore[arg-type]
 
-    refiller.pool.push = dropped_first  # type: ignore[method-assign]
+    refiller.pool.push_run = dropped_first  # type: ignore[method-assign,assignment]
     with pytest.raises(StaleWrite):
         refiller.refill("order")
     assert r.keys("leafpool:{order}:*") == []
-    refiller.pool.push = push  # type: ignore[method-assign]
+    refiller.pool.push_run = push_run  # type: ignore[method-assign]
     with pytest.raises(UnknownTag):  # not in leaf_alloc any more either
         store.remove_tag("order")
         refiller.refill("order")

@@ -55,6 +55,14 @@ def _crash_hook(rt: Runtime) -> None:
             return n
 
         rt.pool.push = push  # type: ignore[method-assign]
+        original_run = rt.pool.push_run  # the segment refill's pushes, a run at a time
+
+        def push_run(*args, **kwargs):  # type: ignore[no-untyped-def]
+            run = original_run(*args, **kwargs)
+            hit()
+            return run
+
+        rt.pool.push_run = push_run  # type: ignore[method-assign]
 
 
 def refiller(tag: str) -> None:
