@@ -438,6 +438,74 @@ def targets(runs: list[Run], default: Config, connections: int) -> Table:
     return t
 
 
+def watch_fsyncs(url: str) -> None:
+    """Redis's latency monitor on: each fsync of 1 ms or more is recorded
+    (``aof-fsync-always``: the fsync before a reply under ``appendfsync always``)."""
+    client = redis.Redis.from_url(url)
+    client.config_set("latency-monitor-threshold", 1)
+    client.execute_command("LATENCY", "RESET")  # type: ignore[no-untyped-call]
+    client.close()
+
+
+def fsync_latency(url: str) -> str:
+    """What the latency monitor saw of the fsyncs: its events of 1 ms or more (the last
+    160 seconds' worst per second) as their count, median and worst."""
+    client = redis.Redis.from_url(url)
+    try:
+        history = client.execute_command(  # type: ignore[no-untyped-call]
+            "LATENCY", "HISTORY", "aof-fsync-always")
+    finally:
+        client.close()
+    worst = sorted(int(ms) for _, ms in history)
+    if not worst:
+        return "no fsync of 1 ms or more"
+    return (f"{len(worst)} seconds with an fsync of 1 ms or more; their worst: median "
+            f"{statistics.median(worst):g} ms, max {worst[-1]} ms")
+
+
+def fsync_arm(runs: list[Run], default: Config, args: argparse.Namespace, loadgen: str,
+              fsyncs: str) -> Table:
+    """The extra arm (not the headline): the default served again from a Redis at
+    ``appendfsync everysec``, beside its figures at ``always`` from the rounds above, so
+    the share of the fsync before each pop's reply in the latency shows."""
+    by = {r.name: r for r in runs}
+    arm: dict[str, list[Run]] = {}
+    with servers.redis("--appendfsync", "everysec") as server, \
+            tempfile.TemporaryDirectory() as home:
+        assert server.proc is not None
+        fill(server.extra["url"], int(60_000 * max(args.duration, 1.0) * 2 * args.rounds + 1))
+        proc, base = start_app(default, server.extra["url"], Path(home))
+        try:
+            single = f"{base}/api/segment/get/{TAG}"
+            measure("warm-up", single, 1, loadgen, min(1.0, args.duration), args.connections,
+                    proc.pid, server.proc.pid)
+            for _ in range(args.rounds):
+                for conns in (args.connections, 4):
+                    name = f"{default.label}, everysec | single ID, {conns} conns"
+                    arm.setdefault(name, []).append(measure(
+                        name, single, 1, loadgen, args.duration, conns, proc.pid,
+                        server.proc.pid))
+        finally:
+            stop_app(proc)
+    t = Table(title="Extra arm, not the headline: the default on a Redis at appendfsync "
+                    "everysec (an fsync a second, in the background) beside appendfsync "
+                    "always (an fsync before each pop's reply), measured after the rounds "
+                    f"above. Redis's latency monitor during those rounds: {fsyncs}")
+    for col in ("Redis", "case", "req/s", "p50 ms", "p99 ms", "p999 ms", "Redis CPU",
+                "req/s per core"):
+        t.add_column(col, justify="left" if col in ("Redis", "case") else "right")
+    for conns in (args.connections, 4):
+        case = f"single ID, {conns} conns"
+        pairs = (("appendfsync always", by.get(f"{default.label} | {case}")),
+                 ("appendfsync everysec", median_run(arm[f"{default.label}, everysec | {case}"])))
+        for fsync, r in pairs:
+            if r is not None:
+                t.add_row(fsync, case, f"{r.rps:,.0f}", f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}",
+                          f"{r.p999_ms:.2f}", f"{r.redis_cpu_s / r.seconds:.0%}",
+                          f"{r.rps_per_core:,.0f}")
+    return t
+
+
 def main(argv: list[str] | None = None) -> None:
     from leafpool.http.app import DEFAULT_SERVER
 
@@ -452,6 +520,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="skip the py-spy profile of the default (run after the rounds)")
     parser.add_argument("--fsync", choices=["always", "everysec"], default="always",
                         help="Redis appendfsync (the shipped config: always)")
+    parser.add_argument("--no-fsync-arm", dest="fsync_arm", action="store_false",
+                        help="skip the extra arm: the default again on a Redis at appendfsync "
+                             "everysec (where the p99 at 4 connections goes, issue 30)")
     installed = [n for n in SERVERS if _installed(n)]
     parser.add_argument("--servers", default=",".join(installed),
                         help=f"ASGI servers to compare (of {', '.join(SERVERS)})")
@@ -486,6 +557,7 @@ def main(argv: list[str] | None = None) -> None:
         assert server.proc is not None
         rpid = server.proc.pid
         fill(server.extra["url"], single_ids + batch_ids)
+        watch_fsyncs(server.extra["url"])
         apps = {}
         for config in configs:  # every server up at once; an idle one costs nothing
             proc, base = start_app(config, server.extra["url"], Path(home))
@@ -506,6 +578,7 @@ def main(argv: list[str] | None = None) -> None:
                     rounds.setdefault(name, []).append(measure(
                         name, f"{single}?count={args.batch}", args.batch, loadgen,
                         args.duration, args.connections, proc.pid, rpid))
+        fsyncs = fsync_latency(server.extra["url"])
         spied = None
         if args.profile and default in apps:
             proc, base = apps[default]
@@ -514,6 +587,8 @@ def main(argv: list[str] | None = None) -> None:
     runs = [median_run(rs) for rs in rounds.values()]
     console.print(table(runs, loadgen, args.fsync))
     console.print(targets(runs, default, args.connections))
+    if args.fsync_arm and args.fsync == "always" and default in apps:
+        console.print(fsync_arm(runs, default, args, loadgen, fsyncs))
     if spied is not None:
         console.print(spied)
     elif args.profile:
