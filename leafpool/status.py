@@ -434,11 +434,16 @@ def status_detail(r: TagStatus, clock: Callable[[], float] = time.time) -> str:
 
 def plain_table(rows: Sequence[Sequence[str]], columns: Sequence[str] = STATUS_COLUMNS) -> str:
     """Left-aligned columns two spaces apart, a header line first."""
-    widths = [max([len(c), *(len(row[i]) for row in rows)]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
-    lines += [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    ]
+    if any(len(row) != len(columns) for row in rows):
+        raise ValueError(f"rows of {sorted({len(row) for row in rows})} cells, not "
+                         f"{len(columns)} (columns: {', '.join(columns)})")
+    # by map over the columns and each row's cells (a generator a row and a column was a
+    # third of a 100,000-tag table)
+    by_column = list(zip(*rows, strict=True)) if rows else [()] * len(columns)
+    widths = [max(len(c), max(map(len, cells), default=0))
+              for c, cells in zip(columns, by_column, strict=True)]
+    lines = ["  ".join(map(str.ljust, columns, widths)).rstrip()]
+    lines += ["  ".join(map(str.ljust, row, widths)).rstrip() for row in rows]
     return "\n".join(lines) + "\n"
 
 

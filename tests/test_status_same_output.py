@@ -27,7 +27,9 @@ from leafpool.metrics import DB_UP, PoolCollector, _build_info_text, _header, db
 from leafpool.redis.pool import Pool, Snapshot
 from leafpool.refill.sizing import rate_now
 from leafpool.status import (
+    STATUS_COLUMNS,
     TagStatus,
+    plain_table,
     pool_status,
     status_detail,
     status_json,
@@ -142,6 +144,16 @@ def reference_json(statuses: list[TagStatus]) -> str:
     if not statuses:
         return "[]\n"
     return "[\n" + ",\n".join(json.dumps(st.as_dict()) for st in statuses) + "\n]\n"
+
+
+def reference_plain_table(rows: list[list[str]], columns: tuple[str, ...]) -> str:
+    """plain_table before."""
+    widths = [max([len(c), *(len(row[i]) for row in rows)]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _value(value: float) -> str:
@@ -284,6 +296,8 @@ def test_the_status_is_what_it_was(pool: Pool, r: redis.Redis) -> None:
     cells = [*map(status_row, ref), *map(status_detail, ref)]
     second = [*map(status_row, new), *map(status_detail, new)]
     assert cells in (first, second)
+    rows = [status_row(st) for st in new]
+    assert plain_table(rows) == reference_plain_table(rows, STATUS_COLUMNS)
 
 
 def test_the_exposition_is_what_it_was(pool: Pool, r: redis.Redis,
@@ -384,3 +398,14 @@ def test_the_json_of_fields_of_other_types_is_json_dumps() -> None:
     del moved.tag
     moved.tag = "t"
     assert status_json([moved]) == reference_json([moved])
+
+
+def test_a_plain_table_of_any_cells_is_what_it_was() -> None:
+    rng = random.Random(7)
+    columns = ("a", "long column", "", "c")
+    for n in (0, 1, 5, 300):
+        rows = [[rng.choice(["", " ", "x", "wide cell  ", "\u00e9t\u00e9", "a b"]) for _ in columns]
+                for _ in range(n)]
+        assert plain_table(rows, columns) == reference_plain_table(rows, columns)
+    with pytest.raises(ValueError, match=r"rows of \[3, 4\] cells, not 4 \(columns: a, long"):
+        plain_table([["1", "2", "3", "4"], ["1", "2", "3"]], columns)
