@@ -181,13 +181,14 @@ class FirstFill:
             for tag, lock in locks.items():
                 if lock is None:
                     done.outcomes[tag] = ("skipped", "locked", 0)
-            plain = self._plain(shas, held, done)
-            if clear_queued:  # the tags held by others and the ones filled here
-                pool_batch.clear_queued(self.pool, [t for t in unique if t not in done.rest])
+            if clear_queued:  # held by another refill: it fills the tag, its release heard
+                pool_batch.clear_queued(self.pool, [t for t, lock in locks.items()
+                                                    if lock is None and t not in done.rest])
+            plain, master = self._plain(shas, held, done)
             for tag, snap in plain.items():
                 fills[tag] = _Fill(self.refiller, snap, held[tag])
             self._rounds(shas, list(fills.values()))
-            self._finish(shas, fills, done)
+            self._finish(shas, fills, master, done, clear_queued)
         finally:
             pool_batch.release_locks(self.pool, shas, list(held.values()))
         # tags the fill gave up on keep the order they were asked in
@@ -196,28 +197,30 @@ class FirstFill:
         return done
 
     def _plain(self, shas: pool_batch.Shas, held: dict[str, RefillLock],
-               done: FirstFillDone) -> dict[str, Snapshot]:
-        """The held tags that are plain first fills, by snapshot; the others' locks are
-        released for the one-tag path and they are listed in ``rest``."""
+               done: FirstFillDone) -> tuple[dict[str, Snapshot], tuple[str, str]]:
+        """The held tags that are plain first fills, by snapshot, and the master's
+        (replication ID, address); the others' locks are released for the one-tag path
+        (and taken out of ``held``) and they are listed in ``rest``."""
         tags = list(held)
         if not tags:
-            return {}
+            return {}, ("", "")
         snaps = self.pool.snapshots(tags)
         replid, where = replicas.replication_id(self.pool.redis, self.pool.tag(tags[0]).ids)
         plain: dict[str, Snapshot] = {}
-        others: list[RefillLock] = []
+        others: list[str] = []
         for snap in snaps:
             s = snap.state
             if snap.known and s.get("mode", "segment") == "segment" and not snap.reserve \
                     and snap.length == 0 and snap.int("pushed_total") == 0 \
                     and s.get("redis_replid", "") in ("", replid):
                 plain[snap.tag] = snap
-                continue
-            others.append(held.pop(snap.tag))
-            done.rest.append(snap.tag)
-        pool_batch.release_locks(self.pool, shas, others)
-        self._where = (replid, where)
-        return plain
+            else:
+                others.append(snap.tag)
+        pool_batch.release_locks(self.pool, shas, [held[tag] for tag in others])
+        for tag in others:
+            del held[tag]
+        done.rest += others
+        return plain, (replid, where)
 
     def _rounds(self, shas: pool_batch.Shas, fills: list[_Fill]) -> None:
         """Allocate, append and push, a round for every segment a tag needs: one database
@@ -293,11 +296,19 @@ class FirstFill:
             return
 
     def _finish(self, shas: pool_batch.Shas, fills: dict[str, _Fill],
-                done: FirstFillDone) -> None:
+                master_is: tuple[str, str], done: FirstFillDone, clear_queued: bool) -> None:
         """Each tag's state recorded as the one-tag refill records it, in one pipeline,
         before the locks are released; a failed tag's failure recorded as the one-tag
-        refill records it."""
-        replid, where = self._where
+        refill records it.
+
+        ``clear_queued``: the filled tags' ``queued`` markers are cleared here, once their
+        state is recorded and before a failure's hold is marked, not when the locks are
+        taken (as the one-tag refill clears its own): the drop watcher reads a tag and
+        marks it a moment later, and a batch's tags, read due and free just before the
+        batch took their locks, were marked and queued again (one useless refill task per
+        tag, taken before the batches waiting behind it, seen in a Celery run) when their
+        markers went at the start of the fill."""
+        replid, where = master_is
         now_ms = self.refiller._now_ms()
         commands: list[tuple[Any, ...]] = []
         ok: list[_Fill] = []
@@ -329,6 +340,9 @@ class FirstFill:
                 f.fail(_stale(f.tag, "record refused", refused))
         dry = [f.tag for f in fills.values() if not f.open or f.snap.int("dry_since_ms")
                or not f.result.pushed]
+        if clear_queued:  # a tag left to the one-tag path keeps its marker for that refill
+            pool_batch.clear_queued(self.pool, [f.tag for f in fills.values()
+                                                if not f.to_single])
         for f in fills.values():
             if f.error is not None:
                 self._failed(f, done)
