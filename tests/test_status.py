@@ -286,3 +286,37 @@ def test_a_pool_left_idle_by_a_previous_run_claims_no_rate(
     listed = _run_cli(env, "tag", "list").splitlines()  # piped: plain lines, no box
     assert listed[0].split() == ["tag", "mode", "max_id", "table", "step", "description"]
     assert listed[2].split()[:2] == ["idle", "segment"] and listed[2].split()[3] == "100"
+
+
+def test_the_collector_pause_ends_with_the_last_of_overlapping_pauses() -> None:
+    """Two scrapes in threads overlap: the first to end leaves the collector off while
+    the other reads; the last puts it back as the first found it (on, or off when the
+    caller had it off)."""
+    import gc
+    import threading
+
+    from leafpool.status import collector_paused
+
+    assert gc.isenabled()
+    inside, release = threading.Event(), threading.Event()
+
+    def scrape() -> None:
+        with collector_paused():
+            inside.set()
+            assert release.wait(10)
+
+    other = threading.Thread(target=scrape)
+    with collector_paused():
+        other.start()
+        assert inside.wait(10)
+    assert not gc.isenabled()  # the other scrape still reads
+    release.set()
+    other.join(10)
+    assert not other.is_alive() and gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused(), collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
