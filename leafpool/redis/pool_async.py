@@ -19,7 +19,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
-from leafpool.core.errors import BackendUnavailable, LeafpoolError, ReplicasBehind, ReplyLost
+from leafpool.core.errors import BackendUnavailable, LeafpoolError, ReplicasBehind
 from leafpool.core.keys import Keys, TagKeys
 from leafpool.redis import replicas
 from leafpool.redis.connect import redis_errors, wrap
@@ -34,6 +34,7 @@ from leafpool.redis.pool_common import (
     take_result,
     text,
 )
+from leafpool.redis.pop_lean import LeanPop
 from leafpool.redis.pops import (
     GAPS,
     MOVED,
@@ -49,9 +50,6 @@ from leafpool.redis.pops import (
 from leafpool.redis.retries import safely_async, send_once_async
 
 log = logging.getLogger(__name__)
-#: connections the lean pop keeps between pops (each counts against the client pool's
-#: max_connections); a pop beyond them takes one from the pool and gives it back
-LEAN_IDLE = 4
 
 
 class AsyncPool:
@@ -69,11 +67,9 @@ class AsyncPool:
         self._ids_keys: dict[str, str] = {}
         self._nodes: dict[str, aioredis.Redis] = {}
         self._counting: set[asyncio.Task[None]] = set()  # gap counts under way
-        # the lean pop's (a plain client's: not a cluster's): its connections, taken from
-        # the client's pool once and kept, and each key's packed LPOP up to its count
-        self._lean = type(client) is aioredis.Redis
-        self._idle: list[Any] = []
-        self._lpop_heads: dict[str, bytes] = {}
+        # the single-key pop of a plain client (not a cluster's): sent lean
+        self._lean = LeanPop(client, self._count_gap_later) if type(
+            client) is aioredis.Redis else None
 
     def tag(self, tag: str) -> TagKeys:
         return self.keys.tag(tag)
@@ -101,8 +97,8 @@ class AsyncPool:
             raw, acked = await self._once(tag, key, [("LPOP", key, count), self._wait()],
                                           "LPOP", count)
             return await self._acknowledged(tag, ids_from(raw), int(acked))
-        if self._lean:
-            return ids_from(await self._lean_pop(tag, key, count))
+        if self._lean is not None:
+            return ids_from(await self._lean.pop(tag, key, count))
         return ids_from((await self._once(tag, key, [("LPOP", key, count)], "LPOP", count))[0])
 
     async def wait_pop(self, tag: str, timeout: float) -> int | None:
@@ -178,71 +174,6 @@ class AsyncPool:
             else:
                 return replies
         raise AssertionError("unreachable")  # pragma: no cover
-
-    async def _lean_pop(self, tag: str, key: str, count: int) -> Any:
-        """``LPOP key count`` sent once, as :meth:`_once` sends it through
-        :func:`~leafpool.redis.retries.send_once_async` (docs/design.md §7.2), without
-        the costs that are not the pop's (issue 30: redis-py's round trip cost five times
-        a bare one): the connection is one of up to :data:`LEAN_IDLE` kept between pops,
-        taken from the client's pool once (no pool lock, no observability records per
-        pop); the command is packed once per key and count; it is written without a task
-        around the write (redis-py's ``wait_for``), waiting under the socket timeout only
-        when the transport holds it back.
-
-        The same guarantees: nothing sent, nothing counted (a failed connect or health
-        check); once the write has begun, a lost reply or a cancellation counts the
-        ``count`` IDs the pop may have taken as a gap, drops the connection and raises
-        ReplyLost (or lets the cancellation go on); an error reply is raised as
-        :func:`~leafpool.redis.pops.settle` raises it."""
-        idle = self._idle
-        if idle:
-            conn = idle.pop()
-        else:
-            pool: Any = self.redis.connection_pool
-            try:
-                conn = await pool.get_connection()
-            except (redis.RedisError, OSError) as exc:
-                raise wrap(exc, f"{tag}: LPOP") from exc
-        sent = False
-        try:
-            try:
-                if not conn.is_connected:  # dropped after an error, or by the pool's close
-                    await conn.connect()
-                await conn.check_health()  # its PING before the command leaves
-            except (redis.RedisError, OSError) as exc:
-                await conn.disconnect(nowait=True)
-                raise wrap(exc, f"{tag}: LPOP") from exc
-            head = self._lpop_heads.get(key)
-            if head is None:
-                name = conn.encoder.encode(key)
-                head = self._lpop_heads[key] = b"*3\r\n$4\r\nLPOP\r\n$%d\r\n%b\r\n" % (
-                    len(name), name)
-            n = b"%d" % count
-            sent = True
-            writer = conn._writer
-            writer.write(b"%b$%d\r\n%b\r\n" % (head, len(n), n))
-            if writer.transport.get_write_buffer_size():  # held back: wait as redis-py does
-                await asyncio.wait_for(writer.drain(), conn.socket_timeout)
-            try:
-                reply = await conn.read_response()
-            except redis.ResponseError as exc:  # Redis refused it: nothing taken
-                reply = exc
-        except BaseException as exc:
-            if isinstance(exc, BackendUnavailable):
-                raise
-            await conn.disconnect(nowait=True)
-            if sent:
-                self._count_gap_later(tag, count)
-            if isinstance(exc, redis.RedisError | OSError):
-                raise ReplyLost(f"redis: {tag}: LPOP: reply lost: {exc}") from exc
-            raise
-        finally:
-            if len(idle) < LEAN_IDLE:
-                idle.append(conn)
-            else:  # more pops at once than kept: back to the client's pool
-                await self.redis.connection_pool.release(conn)
-        settle([reply], SEND_ATTEMPTS - 1, None, f"{tag}: LPOP")  # an error reply raised
-        return reply
 
     async def check_reserve_rights(self) -> None:
         """As :meth:`leafpool.redis.pops.Pops.check_reserve_rights`."""

@@ -1,4 +1,4 @@
-"""The asyncio pool's lean pop (leafpool/redis/pool_async.py, ``_lean_pop``: its own kept
+"""The asyncio pool's lean pop (leafpool/redis/pop_lean.py: its own kept
 connections, the ``LPOP`` packed once per key, written without a task around the write)
 keeps the send-once rules of every pop (docs/design.md §7.2), against a real Redis behind
 the fault proxy: a lost reply raises ReplyLost and counts what the pop may have taken; a
@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 import redis
 
 from leafpool.core.errors import BackendUnavailable, LeafpoolError, ReplyLost
 from leafpool.redis.connect import connect_async
-from leafpool.redis.pool_async import LEAN_IDLE, AsyncPool
+from leafpool.redis.pool_async import AsyncPool
+from leafpool.redis.pop_lean import LEAN_IDLE
 from tests.support.faultproxy import FaultProxy
 from tests.support.http_helpers import fill
 
@@ -25,6 +27,12 @@ TAG = "order"
 def _hits(r: redis.Redis) -> dict[str, int]:
     raw: dict[bytes, bytes] = r.hgetall(f"leafpool:{{{TAG}}}:hits")  # type: ignore[assignment]
     return {k.decode(): int(v) for k, v in raw.items()}
+
+
+def _kept(pool: AsyncPool) -> list[Any]:
+    """The connections the lean pop keeps between pops."""
+    assert pool._lean is not None
+    return pool._lean.idle
 
 
 async def _counted(pool: AsyncPool) -> None:
@@ -41,7 +49,7 @@ def test_a_lost_reply_is_a_counted_gap_never_a_repeat(
 
     async def run() -> list[int]:
         pool = AsyncPool(connect_async(proxy.url()))
-        assert pool._lean
+        assert pool._lean is not None
         assert await pool.pop_many(TAG, 1) == [1]
         rule = proxy.drop_reply("LPOP")
         with pytest.raises(ReplyLost):
@@ -109,11 +117,11 @@ def test_an_error_reply_is_raised_takes_nothing_and_the_connection_serves_on(
         with pytest.raises(LeafpoolError, match="WRONGTYPE") as raised:
             await pool.pop_many(TAG, 2)
         assert not isinstance(raised.value, ReplyLost)
-        assert len(pool._idle) == 1 and pool._idle[0].is_connected  # kept, still open
+        assert len(_kept(pool)) == 1 and _kept(pool)[0].is_connected  # kept, still open
         r.delete(key)
         r.rpush(key, 1, 2, 3)
         got = await pool.pop_many(TAG, 2)
-        assert len(pool._idle) == 1
+        assert len(_kept(pool)) == 1
         await pool.redis.aclose()
         return got
 
@@ -133,7 +141,7 @@ def test_concurrent_pops_keep_at_most_lean_idle_connections_from_the_pool(
         pool = AsyncPool(connect_async(redis_url))
         got = await asyncio.gather(*(pool.pop_many(TAG, 2) for _ in range(30)))
         in_use = len(pool.redis.connection_pool._in_use_connections)
-        kept = len(pool._idle)
+        kept = len(_kept(pool))
         await pool.redis.aclose()
         return [i for ids in got for i in ids], in_use, kept
 
