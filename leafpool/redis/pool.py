@@ -298,7 +298,7 @@ class Pool(Pops, ManyTags):
                 run.landed = max(run.landed, done())
             pipe = self.redis.pipeline(transaction=False)
             for script, args in calls[run.landed:]:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
             return run.landed, list(pipe.execute(raise_on_error=False))
 
         resynced = False

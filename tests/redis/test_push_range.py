@@ -15,11 +15,16 @@ from pathlib import Path
 import pytest
 import redis
 
+from leafpool.core.config import load_settings
 from leafpool.core.errors import StaleWrite
 from leafpool.core.keys import Keys
 from leafpool.redis import scripts
+from leafpool.redis.connect import connect
 from leafpool.redis.pool import RANGE_LIMIT, Pool
 from leafpool.redis.pool_common import Range
+from tests.support.topology_fixtures import Topologies
+
+pytest_plugins = ["tests.support.topology_fixtures"]
 
 K = Keys("leafpool").tag("t")
 TOKEN = b"token"
@@ -287,6 +292,30 @@ def test_a_run_goes_on_after_the_script_cache_was_emptied(pool: Pool, r: redis.R
     assert (run.landed, run.pushed, run.length, run.code) == (2, 110, 110, 0)
     assert r.lrange(K.ids, 0, -1) == [str(i).encode() for i in
                                       [*range(101, 201), *range(P53, P53 + 10)]]
+
+
+def test_a_run_on_a_redis_cluster(topologies: Topologies) -> None:
+    """The run's pipeline on a Cluster (redis-py's cluster pipeline refuses its evalsha()
+    method: the commands are sent as EVALSHA), also after each master's script cache was
+    emptied."""
+    cluster = topologies.cluster(3, 0)
+    client = connect(load_settings(redis_url=cluster.url, redis_cluster=True,
+                                   broker_url="redis://127.0.0.1:1/0"))
+    pool = Pool(client)
+    pool.register("t", "segment", 0)
+    lock = pool.refill_lock("t", 30_000)
+    assert lock.acquire()
+    pool.append_reserve("t", lock.token, Range(1, 1001))
+    pool.append_reserve("t", lock.token, Range(P53, P53 + 100))
+    run = pool.push_run("t", lock.token, [(Range(1, 1001), 600), (Range(601, 1001), 300)], 0)
+    assert (run.landed, run.pushed, run.length, run.code) == (2, 900, 900, 0)
+    for node in client.get_primaries():  # type: ignore[attr-defined]
+        node.redis_connection.script_flush()
+    run = pool.push_run("t", lock.token, [(Range(901, 1001), 100), (Range(P53, P53 + 100), 100)],
+                        0)
+    assert (run.landed, run.pushed, run.length, run.code) == (2, 200, 1100, 0)
+    assert client.lrange(K.ids, 0, -1) == [
+        str(i).encode() for i in [*range(1, 1001), *range(P53, P53 + 100)]]
 
 
 # -- refillers of both releases and clients on one tag ----------------------------------------
