@@ -22,6 +22,7 @@ from leafpool.refill.batch import BatchResult, refill_many
 from leafpool.segment.counter import SLOT_SIZE, DcSlot
 from leafpool.segment.first_fill import FirstFill
 from leafpool.segment.refiller import SegmentRefiller
+from leafpool.segment.step import StepRule
 from leafpool.segment.store import Segment, SegmentStore
 
 WAIT = 60.0
@@ -281,3 +282,30 @@ def test_an_outside_dc_slot_refusal_in_allocate_many_is_the_tags_alone(
     b = out["b"]
     assert isinstance(b, Segment) and Range(b.start, b.end) == Range(1, 11)
     assert _max_id(own, "a") == SLOT_SIZE + 3 and _max_id(own, "b") == 11
+
+
+def test_a_batched_tag_keeps_its_queued_marker_until_its_state_is_recorded(
+    pool: Pool, store: SegmentStore, r: redis.Redis, make_settings: Callable[..., Settings]
+) -> None:
+    """The drop watcher reads a tag, then marks it queued: a marker cleared when the
+    batch took the locks let a watcher that read the tags due and free just before mark
+    and queue each of them again. The marker stays while the batch allocates (seen from
+    inside its transaction) and is gone once the tag is filled."""
+    tags = [f"t{n}" for n in range(5)]
+    for tag in tags:
+        store.add_tag(tag, step=100)
+    sync_tags(pool, store)
+    pool.mark_queued_many(tags, 60)
+    seen: list[list[int]] = []
+
+    class Watching(SegmentStore):
+        def allocate_many(self, requests: Sequence[tuple[str, StepRule | None, int, bool]]
+                          ) -> dict[str, Segment | LeafpoolError]:
+            seen.append([int(r.exists(pool.tag(tag).queued)) for tag, _, _, _ in requests])
+            return super().allocate_many(requests)
+
+    refiller = _refiller(pool, Watching(store.engine), _settings(make_settings))
+    result = _batch(refiller, tags)
+    assert set(result.refilled) == set(tags)
+    assert seen == [[1] * 5]
+    assert not any(r.exists(pool.tag(tag).queued) for tag in tags)
