@@ -9,8 +9,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import redis
@@ -34,30 +32,14 @@ from leafpool.redis.pool_many import TAGS_PER_PIPELINE as TAGS_PER_PIPELINE
 from leafpool.redis.pool_many import ManyTags
 from leafpool.redis.pool_many import pack as pack
 from leafpool.redis.pops import Pops
+from leafpool.redis.push_run import RANGE_LIMIT as RANGE_LIMIT
+from leafpool.redis.push_run import PushRun as PushRun
+from leafpool.redis.push_run import RunPushes
 from leafpool.redis.retries import safely
 
 log = logging.getLogger(__name__)
 
-#: push_range.lua generates IDs below 2^53 (Lua's numbers are doubles), at most this many
-#: a call; other chunks go by push_ids.lua
-RANGE_LIMIT = 2**53
-RANGE_MAX_IDS = 100_000
-
-
-@dataclass
-class PushRun:
-    """What :meth:`Pool.push_run` did: ``landed`` chunks in order (``pushed`` IDs, with
-    ``extra``: chunks after a refusal that the fence let through), the list's length after
-    the last (-1: none landed), and the first refusal's code (0: none)."""
-
-    landed: int = 0
-    pushed: int = 0
-    length: int = -1
-    code: int = 0
-    extra: int = 0
-
-
-class Pool(Pops, ManyTags):
+class Pool(Pops, ManyTags, RunPushes):
     """Redis operations on the pools under one key prefix (the client's pops are
     :class:`~leafpool.redis.pops.Pops`'s, the reads and writes of many tags at once
     :class:`~leafpool.redis.pool_many.ManyTags`'s).
@@ -249,7 +231,8 @@ class Pool(Pops, ManyTags):
         Returns the new list length; raises :class:`StaleWrite` (nothing written) when the
         lock, the head or the high-water mark says this chunk must not be pushed. The IDs
         are generated in Redis (``push_range.lua``) when the chunk's last ID is below 2^53
-        (:data:`RANGE_LIMIT`), else sent one by one (``push_ids.lua``); both fence alike.
+        (:data:`~leafpool.redis.push_run.RANGE_LIMIT`), else sent one by one
+        (``push_ids.lua``); both fence alike.
         """
         k = self.tag(tag)
         script, args = self._push_call(token, head, count, now_ms)
@@ -264,82 +247,6 @@ class Pool(Pops, ManyTags):
             raise StaleWrite(f"{tag}: push of {count} IDs from {head.encode()} refused: "
                              f"{scripts.REFUSALS[result]}", code=result)
         return result
-
-    def push_run(self, tag: str, token: bytes, chunks: Sequence[tuple[Range, int]],
-                 now_ms: int) -> PushRun:
-        """Push several chunks of one refill in one round trip: the first ``count`` IDs of
-        each reserve ``head``, in order, each head the one the chunks before it leave.
-
-        Each chunk is its own fenced script call (as :meth:`push`), all sent in one
-        pipeline: Redis runs them in one pass of its event loop and, under
-        ``appendfsync always``, waits for one fsync instead of one a chunk. A refused chunk
-        moves no head, so the chunks after it find the head they expect missing and are
-        refused too (-2; -1 when the lock is lost): the run reports the chunks that landed
-        and the first refusal. After a lost reply (or a script cache emptied by a restart)
-        the chunks whose last ID is at or below the tag's high-water mark are taken as
-        done and the rest sent again, each still fenced.
-        """
-        k = self.tag(tag)
-        keys = [k.ids, k.reserve, k.state, k.lock]
-        calls = [self._push_call(token, head, count, now_ms) for head, count in chunks]
-        lasts = [head.start + count - 1 for head, count in chunks]
-        run = PushRun()
-        sent = 0  # pipelines sent since the last resync
-
-        def done() -> int:
-            """The chunks at or below the high-water mark: landed (ours, or taken)."""
-            hwm = self.redis.hget(k.state, "hwm")
-            return sum(1 for last in lasts if hwm is not None and last <= int(hwm))
-
-        def send() -> tuple[int, list[Any]]:
-            nonlocal sent
-            sent += 1
-            if sent > 1:  # a lost reply: the chunks its pipeline may have landed
-                run.landed = max(run.landed, done())
-            pipe = self.redis.pipeline(transaction=False)
-            for script, args in calls[run.landed:]:
-                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            return run.landed, list(pipe.execute(raise_on_error=False))
-
-        resynced = False
-        with redis_errors(f"{tag}: push"):
-            while run.landed < len(calls):
-                start, replies = safely(send)
-                resynced = resynced or sent > 1
-                reload = None
-                for i, reply in enumerate(replies, start):
-                    if isinstance(reply, redis.exceptions.NoScriptError):
-                        reload = i  # nothing ran from here on that the fence let through
-                        break
-                    if isinstance(reply, Exception):
-                        raise reply
-                    code = int(reply)
-                    if code >= 0 and not run.code:
-                        run.landed, run.length = i + 1, code
-                    elif code >= 0:  # after a refusal only when a client's take moved the
-                        run.length = code  # head exactly to this chunk's: fenced all the same
-                        run.extra += chunks[i][1]
-                    elif not run.code:
-                        run.code = code
-                if reload is None or run.code:
-                    break
-                for source in {c[0].script for c in calls[reload:]}:
-                    safely(partial(self.redis.script_load, source))
-                sent, resynced = 0, True  # a restart emptied the cache: resend the rest
-                run.landed = max(run.landed, int(safely(done)))
-            if resynced and run.landed:
-                run.length = self._landed(tag, "push", k.ids)
-        run.pushed = sum(count for _, count in chunks[:run.landed]) + run.extra
-        return run
-
-    def _push_call(self, token: bytes, head: Range, count: int,
-                   now_ms: int) -> tuple[Any, list[Any]]:
-        """The script that pushes the first ``count`` IDs of ``head``, and its ARGV."""
-        last = head.start + count - 1
-        base = [token, head.encode(), head.after_taking(count), now_ms]
-        if 0 < count <= RANGE_MAX_IDS and last < RANGE_LIMIT:
-            return self._push_range, [*base, head.start, last]
-        return self._push, [*base, *(str(i) for i in range(head.start, last + 1))]
 
     def push_fresh(self, tag: str, token: bytes, ids: Sequence[int], now_ms: int) -> int:
         """Push freshly generated, strictly increasing IDs (snowflake mode)."""
