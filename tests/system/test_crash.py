@@ -75,19 +75,21 @@ def test_a_refiller_killed_at_a_write_leaves_a_gap_at_most(
     store: SegmentStore, database_url: str, redis_url: str, r: redis.Redis, crash_at: str
 ) -> None:
     store.add_tag("order", step=1000)
+    # the victim's lock: long enough that a loaded machine's stall does not expire it
+    # while the victim still refills (its first segment would then be refused: a gap
+    # where this test expects the segment kept), short enough to expire soon once killed
     values = dict(redis_url=redis_url, database_url=database_url, chunk_size=100,
-                  pool_floor=2500, pool_ceiling=2500, lock_ttl_ms=500, reserve_seconds=1)
+                  pool_floor=2500, pool_ceiling=2500, lock_ttl_ms=3000, reserve_seconds=1)
     env = leafpool_env({"CRASH_AT": crash_at, "CRASH_AFTER": "2"}, **values)
     victim = role("refiller", "order", env=env)
     victim.wait_line(f"AT {crash_at}", 60)
     victim.kill()
     max_before_recovery = store.get_tag("order").max_id
-    # the victim's lock is short, so that it expires soon; the recovering refiller's is
-    # the default: a refill slower than 500 ms on a loaded machine lost its own lock
-    # (StaleWrite, rightly)
+    # the recovering refiller's lock is the default: a refill slower than the victim's
+    # TTL on a loaded machine lost its own lock (StaleWrite, rightly)
     rt = Runtime(load_settings(**{**values, "lock_ttl_ms": 30_000}))  # type: ignore[arg-type]
-    # it died holding the lock, which expires on its own (TTL 500 ms): poll for that
-    wait_for(lambda: not r.exists("leafpool:{order}:lock"), 10, "lock expiry")
+    # it died holding the lock, which expires on its own (TTL 3 s): poll for that
+    wait_for(lambda: not r.exists("leafpool:{order}:lock"), 15, "lock expiry")
     rt.refiller.refill("order", force=True)
     popped = [int(x) for x in r.lpop("leafpool:{order}:ids", 100_000)]
     assert_unique_and_ordered([popped])
