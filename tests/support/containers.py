@@ -17,7 +17,8 @@ The images the Dockerfile and compose name are made from Debian's packages
 by a Containerfile, tagged with the official image's name (``docker.io/library/redis:7``,
 ...) in this store only. Each is kept while what built it is unchanged (a key over the
 package list, the mmdebstrap options and the Containerfile's directory); the leafpool image
-is built with podman's layer cache, so an unchanged tree rebuilds in seconds.
+too (a key over the Dockerfile, what it copies and the base image), and built with podman's
+layer cache when its key changed, so a change to leafpool/ rebuilds only the last layers.
 
 Podman 4.3 runs health checks from systemd timers; where there is no systemd,
 :class:`HealthChecks` does what the timer would: ``podman healthcheck run`` every
@@ -325,10 +326,10 @@ class BuildReport:
     log: list[str] = field(default_factory=list)
 
 
-def _label(p: Podman, image: str) -> str | None:
+def _label(p: Podman, image: str, label: str = KEY_LABEL) -> str | None:
     if not p.exists("image", image):
         return None
-    return p("image", "inspect", "--format", f'{{{{index .Labels "{KEY_LABEL}"}}}}',
+    return p("image", "inspect", "--format", f'{{{{index .Labels "{label}"}}}}',
              image).stdout.strip() or None
 
 
@@ -372,12 +373,44 @@ def ensure_stand_in(p: Podman, stand_in: StandIn, report: BuildReport) -> None:
     report.seconds[f"stand-in {stand_in.name}"] = time.monotonic() - started
 
 
+#: the Dockerfile, its ignore file and what it copies (the context the ignore file lets in)
+LEAFPOOL_CONTEXT = ("Dockerfile", ".dockerignore", "requirements/run.txt", "pyproject.toml",
+                    "README.md", "leafpool", "workers")
+CONTEXT_LABEL = "io.leafpool.context.key"
+
+
+def _context_bytes(path: Path) -> list[bytes]:
+    if path.is_dir():
+        files = sorted(f for f in path.rglob("*") if f.is_file()
+                       and "__pycache__" not in f.parts and f.suffix != ".pyc")
+    else:
+        files = [path] if path.exists() else []
+    return [part for f in files for part in (
+        str(f.relative_to(ROOT)).encode(), oct(f.stat().st_mode & 0o777).encode(),
+        f.read_bytes())]
+
+
+def leafpool_key(p: Podman) -> str:
+    """Over the build's inputs: the files of :data:`LEAFPOOL_CONTEXT` (names, modes,
+    contents) and the base image's ID (a stand-in rebuilt is a new base)."""
+    base = p("image", "inspect", "--format", "{{.Id}}",
+             "docker.io/library/python:3.11-slim").stdout.strip()
+    return _digest(base.encode(), *(part for name in LEAFPOOL_CONTEXT
+                                    for part in _context_bytes(ROOT / name)))
+
+
 def build_leafpool(p: Podman, report: BuildReport) -> None:
     """``podman build`` of the Dockerfile (its layers cached in the store), tagged
-    leafpool:latest as compose and the manifests name it."""
+    leafpool:latest as compose and the manifests name it; not run while the image's
+    label holds the key of the same inputs (:func:`leafpool_key`): a build from the
+    layer cache still reads the whole context and commits a new image."""
+    key = leafpool_key(p)
+    if _label(p, LEAFPOOL_IMAGE, CONTEXT_LABEL) == key:
+        return
     started = time.monotonic()
     volume = ["--volume", f"{HOST_CA}:{HOST_CA}:ro"] if HOST_CA.exists() else []
     done = p("build", "--format", "docker", "--pull=never", *volume, "--tag", LEAFPOOL_IMAGE,
+             "--label", f"{CONTEXT_LABEL}={key}",
              "--file", str(ROOT / "Dockerfile"), str(ROOT), timeout=1500, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"podman build of the Dockerfile failed:\n{done.stdout[-4000:]}\n"
