@@ -20,7 +20,6 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from leafpool.core.errors import (
     BackendUnavailable,
-    CounterBehind,
     InvalidArgument,
     LeafpoolError,
     TagExists,
@@ -40,7 +39,7 @@ from leafpool.database.engine import (
     transaction,
 )
 from leafpool.database.guard import tag_guard, write_guard
-from leafpool.segment import counter, guards
+from leafpool.segment import allocation, counter, guards
 from leafpool.segment.counter import FIRST_ID as FIRST_ID
 from leafpool.segment.step import StepRule
 from leafpool.segment.values import Segment as Segment
@@ -306,7 +305,7 @@ class SegmentStore:
         started = self._monotonic()
         with self._tx(f"{tag}: allocate") as conn:
             done = self._allocate_locked(conn, tag, rule, floor, heal)
-        return self._allocated(tag, done, (self._monotonic() - started) * 1000)
+        return allocation.allocated(tag, done, (self._monotonic() - started) * 1000)
 
     def allocate_many(
         self, requests: Sequence[tuple[str, StepRule | None, int, bool]]
@@ -323,110 +322,17 @@ class SegmentStore:
         its error is its entry. A database error fails the whole transaction (nothing
         committed): :class:`BackendUnavailable` is raised. Each segment's ``took_ms`` is
         the transaction's time shared among its tags (the latency one allocation sees)."""
-        tags = [tag for tag, _, _, _ in requests]
-        if len(set(tags)) != len(tags):
-            raise InvalidArgument("requests", tags, "each tag at most once")
-        if not requests:
-            return {}
-        self._ensure_own_tables(retired_tag, what=f"{len(tags)} tags: allocate")
-        started = self._monotonic()
-        done: dict[str, tuple[counter.Row, counter.Lowest, bool, int, int]] = {}
-        out: dict[str, Segment | LeafpoolError] = {}
-        with self._tx(f"{len(tags)} tags ({min(tags)} .. {max(tags)}): allocate") as conn:
-            # the reads of every tag at once: its row (locked), its retired mark, its guard
-            rows = counter.lock_rows(conn, tags)
-            marks = self._retired_many(conn, tags)
-            read = _GuardReads(self, conn, self._guards_many(conn, tags))
-            for tag, rule, floor, heal in sorted(requests, key=lambda r: r[0]):
-                try:
-                    row = rows.get(tag)
-                    if row is None:
-                        raise UnknownTag(tag)
-                    done[tag] = self._decide(tag, row, marks.get(tag, 0), read(tag),
-                                             rule, floor, heal)
-                except LeafpoolError as exc:  # raised before the tag's one write
-                    out[tag] = exc
-            # every tag's one write, in one statement
-            counter.advance_many(conn, [(tag, d[4] - d[3], d[3]) for tag, d in done.items()])
-        took = (self._monotonic() - started) * 1000 / len(requests)
-        for tag, allocated in done.items():
-            out[tag] = self._allocated(tag, allocated, took)
-        return {tag: out[tag] for tag in tags}
+        return allocation.allocate_many(self, requests)
 
     def _allocate_locked(self, conn: Connection, tag: str, rule: StepRule | None, floor: int,
-                         heal: bool) -> tuple[counter.Row, counter.Lowest, bool, int, int]:
-        """One allocation's reads and its one write inside the caller's transaction:
-        (the row read, the tag's lowest ID, whether healed, the step, the new max_id)."""
+                         heal: bool) -> allocation.Decided:
+        """One allocation's reads and its one write inside the caller's transaction."""
         row = counter.lock_row(conn, tag)
-        row, low, behind, step, max_id = self._decide(
-            tag, row, self._retired(conn, tag), lambda: self._guard_reading(conn, tag),
-            rule, floor, heal)
-        counter.advance(conn, tag, max_id - step, step)
-        return row, low, behind, step, max_id
-
-    def _decide(self, tag: str, row: counter.Row, retired: int,
-                guard: Callable[[], counter.Stored | None], rule: StepRule | None,
-                floor: int, heal: bool) -> tuple[counter.Row, counter.Lowest, bool, int, int]:
-        """An allocation's checks on the locked ``row`` (``guard()``: the tag's guard
-        reading, called only when needed); its write is the caller's: ``max_id`` from
-        ``max_id - step`` to ``max_id`` (:func:`counter.advance`'s check made here)."""
-        slot = self.slot
-        if slot is not None:  # another DC's counter: refused, never moved
-            slot.check_counter(tag, row.max_id)
-        # the pool has no mark (a new or wiped Redis): the guard is read
-        stored = guard() if floor <= 0 else None
-        low = counter.lowest(floor, retired, stored, slot)
-        if row.max_id < low.value and floor > 0:  # and before a heal
-            low = counter.lowest(floor, retired, guard(), slot)
-        behind = row.max_id < low.value
-        if behind and not heal:
-            raise CounterBehind(tag, row.max_id, low.value, low.why)
-        step = self._step(tag, rule, row.step)
-        start = max(row.max_id, low.value)
-        if slot is not None:
-            slot.check_fits(tag, row.max_id, start, step)
-        counter.check_advance(tag, start, step)
-        return row, low, behind, step, start + step
-
-    @staticmethod
-    def _retired_many(conn: Connection, tags: Sequence[str]) -> dict[str, int]:
-        """:meth:`_retired` of many tags in one statement (a tag never removed: absent)."""
-        rows = conn.execute(select(retired_tag.c.biz_tag, retired_tag.c.max_id)
-                            .where(retired_tag.c.biz_tag.in_(sorted(tags)))).all()
-        return {r.biz_tag: int(r.max_id) for r in rows}
-
-    def _guards_many(self, conn: Connection, tags: Sequence[str]) -> set[str] | None:
-        """The tags among ``tags`` that have a guard, in one statement (None: the guard
-        table is absent, a database from before guards: no tag has one). A tag with a
-        guard has it read by :meth:`_guard_reading`, as one allocation reads it."""
-        if tag_guard.name not in self._seen and \
-                schema.probe(self.engine, tag_guard, "read the guards") == "absent":
-            return None
-        self._ensure_own_tables(tag_guard, what="read the guards")
-        rows = conn.execute(select(tag_guard.c.biz_tag)
-                            .where(tag_guard.c.biz_tag.in_(sorted(tags)))).all()
-        return {r.biz_tag for r in rows}
-
-    @staticmethod
-    def _allocated(tag: str, done: tuple[counter.Row, counter.Lowest, bool, int, int],
-                   took: float) -> Segment:
-        """The segment of a committed :meth:`_allocate_locked`, logged."""
-        row, low, behind, step, max_id = done
-        if behind:
-            log.warning("%s: leaf_alloc.max_id=%d was below %d, the first ID this tag "
-                        "may still hand out (%s): healed, moved up to %d", tag,
-                        row.max_id, low.value, low.why, low.value)
-        log.debug("%s: allocated [%d, %d) step=%d in %.1f ms", tag, max_id - step,
-                  max_id, step, took)
-        return Segment(tag, max_id - step, max_id, step, row.step, took,
-                       row.max_id if behind else None)
-
-    @staticmethod
-    def _step(tag: str, rule: StepRule | None, table_step: int) -> int:
-        step = (rule or StepRule()).step(table_step)
-        if step <= 0:
-            raise InvalidArgument(f"{tag}: step", step, "a positive integer")
-        return step
+        done = allocation.decide(tag, row, self._retired(conn, tag),
+                                 lambda: self._guard_reading(conn, tag), rule, floor, heal,
+                                 self.slot)
+        counter.advance(conn, tag, done[4] - done[3], done[3])
+        return done
 
     # -- guards (docs/design.md §7.3) ---------------------------------------------------
 
@@ -488,16 +394,3 @@ class SegmentStore:
         except BackendUnavailable:
             return False
 
-
-class _GuardReads:
-    """A batch allocation's guard readings: none for a tag without a guard (read for all
-    tags in one statement), the tag's guard read as one allocation reads it otherwise."""
-
-    def __init__(self, store: SegmentStore, conn: Connection, guarded: set[str] | None
-                 ) -> None:
-        self._store, self._conn, self._guarded = store, conn, guarded
-
-    def __call__(self, tag: str) -> Callable[[], counter.Stored | None]:
-        if self._guarded is None or tag not in self._guarded:
-            return lambda: None
-        return lambda: self._store._guard_reading(self._conn, tag)
