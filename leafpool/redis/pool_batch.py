@@ -31,10 +31,12 @@ from leafpool.redis import scripts
 from leafpool.redis.connect import is_cluster, redis_errors
 from leafpool.redis.lock import RefillLock
 from leafpool.redis.pool import Pool, Range
+from leafpool.redis.push_run import push_script
 from leafpool.redis.retries import safely, send_once
 
 #: the scripts a batched first fill sends (loaded once per batch when missing)
-SCRIPTS = ("lock_acquire", "lock_release", "record", "append_reserve", "push_ids", "dry")
+SCRIPTS = ("lock_acquire", "lock_release", "record", "append_reserve", "push_ids",
+           "push_range", "dry")
 
 
 def batchable(pool: Pool) -> bool:
@@ -165,12 +167,12 @@ def append_command(pool: Pool, shas: Shas, tag: str, token: bytes, segment: Rang
 
 def push_command(pool: Pool, shas: Shas, tag: str, token: bytes, head: Range, count: int,
                  now_ms: int) -> tuple[Any, ...]:
-    """:meth:`Pool.push`'s ``push_ids.lua`` call (the first ``count`` IDs of the reserve
-    ``head`` into the ready list), as a command."""
+    """:meth:`Pool.push`'s script call (the first ``count`` IDs of the reserve ``head``
+    into the ready list: ``push_range.lua`` below 2^53, else ``push_ids.lua``), as a
+    command."""
     k = pool.tag(tag)
-    ids = [str(i) for i in range(head.start, head.start + count)]
-    return ("EVALSHA", shas["push_ids"], 4, k.ids, k.reserve, k.state, k.lock, token,
-            head.encode(), head.after_taking(count), now_ms, *ids)
+    name, argv = push_script(token, head, count, now_ms)
+    return ("EVALSHA", shas[name], 4, k.ids, k.reserve, k.state, k.lock, *argv)
 
 
 def note_dry(pool: Pool, shas: Shas, tags: Sequence[str], now_ms: int) -> None:

@@ -123,8 +123,15 @@ class RunPushes:
     def _push_call(self, token: bytes, head: Range, count: int,
                    now_ms: int) -> tuple[Any, list[Any]]:
         """The script that pushes the first ``count`` IDs of ``head``, and its ARGV."""
-        last = head.start + count - 1
-        base = [token, head.encode(), head.after_taking(count), now_ms]
-        if 0 < count <= RANGE_MAX_IDS and last < RANGE_LIMIT:
-            return self._push_range, [*base, head.start, last]
-        return self._push, [*base, *(str(i) for i in range(head.start, last + 1))]
+        name, argv = push_script(token, head, count, now_ms)
+        return (self._push_range if name == "push_range" else self._push), argv
+
+
+def push_script(token: bytes, head: Range, count: int, now_ms: int) -> tuple[str, list[Any]]:
+    """The script that pushes the first ``count`` IDs of the reserve ``head`` ("push_range"
+    below 2^53, else "push_ids"), and its ARGV (the keys are ids, reserve, state, lock)."""
+    last = head.start + count - 1
+    base: list[Any] = [token, head.encode(), head.after_taking(count), now_ms]
+    if 0 < count <= RANGE_MAX_IDS and last < RANGE_LIMIT:
+        return "push_range", [*base, head.start, last]
+    return "push_ids", [*base, *(str(i) for i in range(head.start, last + 1))]
