@@ -28,6 +28,7 @@ from leafpool.cli_common import (
     runtime,
     tsv,
 )
+from leafpool.core.collector import collector_paused as _collector_paused
 from leafpool.core.errors import UnknownTag
 from leafpool.core.tags import validate_tag
 from leafpool.status import (
@@ -38,10 +39,9 @@ from leafpool.status import (
     plain_table,
     pool_status,
     status_detail,
-    status_json,
     status_row,
 )
-from leafpool.status import collector_paused as _collector_paused
+from leafpool.status_json import status_json
 
 #: ``--format tsv``: plain values under the JSON's field names (integers without
 #: separators, times as ms since the epoch, durations in seconds, rates in IDs/s, an empty
@@ -110,7 +110,7 @@ JSON_CHUNK = 5000
 
 
 def status_json_parts(chunks: Iterable[Sequence[TagStatus]]) -> Iterator[str]:
-    """:func:`~leafpool.status.status_json` of the chunks' statuses together, in pieces
+    """:func:`~leafpool.status_json.status_json` of the chunks' statuses together, in pieces
     (plain writes: rich's highlighting took seconds for 10,000 tags)."""
     first = True
     for chunk in chunks:

@@ -5,15 +5,12 @@ their allocations and whether a list is dry (docs/design.md §3.8)."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import json
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 
+from leafpool.core.collector import collector_paused
 from leafpool.core.durations import fmt_ago, fmt_duration
 from leafpool.redis.pool import Pool, Snapshot
 from leafpool.refill.sizing import rate_now
@@ -105,14 +102,6 @@ class TagStatus:
         return out
 
 
-#: the state fields a status shows (:func:`status_from` reads them from the whole hash)
-_STATE_NAMES = """mode rate peak_rate rate_ts_ms pushed_total rate_consumed target
-    low_water step max_id last_refill_ms last_refill_result last_error last_error_ms empty_hits
-    reserve_takes refills refill_failures hwm allocations last_alloc_ms heals last_heal_ms
-    redis_node failovers last_failover_ms unacked_ids gaps lost_replies db_unreachable_ms
-    dry_since_ms last_dry_ms dry_events dry_ms last_heal worker_ids lease_state backwards_events
-    last_backwards_ms last_backwards_offset_ms time_bits_years_left table_step"""
-STATE_FIELDS = tuple(_STATE_NAMES.split())
 #: the fields of what clients count (the ``hits`` hash) a status adds to the state's
 HIT_FIELDS = ("empty_hits", "unacked_ids", "gaps", "lost_replies")
 
@@ -155,7 +144,7 @@ def status_from(tag: str, length: int, reserve: Sequence[bytes | str],
                 state: Mapping[bytes, bytes | str], locked: bool,
                 hits: Sequence[bytes | str | None], now_ms: float | None = None) -> TagStatus:
     """A tag's status from its keys as read: the reserve's ``start:end`` ranges, the state
-    hash (field names as bytes, values bytes or str; :data:`STATE_FIELDS` are shown), the
+    hash (field names as bytes, values bytes or str: the 42 fields shown are picked), the
     values of :data:`HIT_FIELDS` (None: absent), the rate brought up to ``now_ms``
     (default: this host's clock). Numbers are parsed from the bytes (``int`` and ``float``
     take bytes), only text decoded: 100,000 tags are 4.6 M fields."""
@@ -193,12 +182,10 @@ def status_from(tag: str, length: int, reserve: Sequence[bytes | str],
         "last_error_ms": int(v) if (v := get(b"last_error_ms")) else None,
         "empty_hits": ((int(v) if (v := get(b"empty_hits")) else 0)
                        + (int(hit_empty) if hit_empty else 0)),
-        "reserve_takes": int(v) if (v := get(b"reserve_takes")) else 0,
-        "pushed_total": pushed,
+        "reserve_takes": int(v) if (v := get(b"reserve_takes")) else 0, "pushed_total": pushed,
         "refills": int(v) if (v := get(b"refills")) else 0,
         "refill_failures": int(v) if (v := get(b"refill_failures")) else 0, "locked": locked,
-        "hwm": _str(get(b"hwm")),
-        "allocations": int(v) if (v := get(b"allocations")) else 0,
+        "hwm": _str(get(b"hwm")), "allocations": int(v) if (v := get(b"allocations")) else 0,
         "last_alloc_ms": _opt_float(get(b"last_alloc_ms")),
         "heals": int(v) if (v := get(b"heals")) else 0,
         "last_heal_ms": int(v) if (v := get(b"last_heal_ms")) else None,
@@ -240,33 +227,6 @@ def _seconds_left(ready: int, rate: float, pushed: int) -> float | None:
     return ready / rate if rate > 0 else None
 
 
-_paused_lock = threading.Lock()
-_paused_depth = 0
-_paused_was_enabled = False
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector held off while many tags' statuses are read and
-    written: the million objects of 100,000 tags' replies set off its collections again
-    and again (4 of a /metrics scrape's 13 s of CPU); the replies hold no cycles. Nested
-    and concurrent pauses (scrapes in threads) end with the last, which puts the
-    collector back as the first found it."""
-    global _paused_depth, _paused_was_enabled
-    with _paused_lock:
-        if _paused_depth == 0:
-            _paused_was_enabled = gc.isenabled()
-            gc.disable()
-        _paused_depth += 1
-    try:
-        yield
-    finally:
-        with _paused_lock:
-            _paused_depth -= 1
-            if _paused_depth == 0 and _paused_was_enabled:
-                gc.enable()
-
-
 def pool_status(pool: Pool, tags: list[str] | None = None, now_ms: float | None = None
                 ) -> list[TagStatus]:
     """Every tag's status (or ``tags``'), read in chunked round trips
@@ -283,20 +243,8 @@ def pool_status(pool: Pool, tags: list[str] | None = None, now_ms: float | None 
 # -- ``leafpool status``: the rows, as JSON or as a table --------------------------------------
 
 STATUS_COLUMNS = (
-    "tag",
-    "mode",
-    "ready/target",
-    "reserve",
-    "step/workers",
-    "max_id",
-    "pops/s",
-    "held@peak",
-    "left",
-    "refilled",
-    "result",
-    "empty",
-    "gaps",
-    "last error",
+    "tag", "mode", "ready/target", "reserve", "step/workers", "max_id", "pops/s", "held@peak",
+    "left", "refilled", "result", "empty", "gaps", "last error",
 )
 #: up to this many tags ``leafpool status`` draws a rich table; beyond, plain aligned
 #: columns (rich measures every cell: 10,000 tags took seconds)
@@ -445,69 +393,3 @@ def plain_table(rows: Sequence[Sequence[str]], columns: Sequence[str] = STATUS_C
     lines = ["  ".join(map(str.ljust, columns, widths)).rstrip()]
     lines += ["  ".join(map(str.ljust, row, widths)).rstrip() for row in rows]
     return "\n".join(lines) + "\n"
-
-
-def status_json(statuses: Sequence[TagStatus]) -> str:
-    """A JSON array, one tag per line, each ``json.dumps`` of :meth:`TagStatus.as_dict`
-    (``json.dumps`` with ``indent`` runs in pure Python: seconds for 10,000 tags), written
-    by :func:`_status_json_line`."""
-    if not statuses:
-        return "[]\n"
-    return "[\n" + ",\n".join(map(_status_json_line, statuses)) + "\n]\n"
-
-
-def _status_json_line(st: TagStatus) -> str:
-    """``json.dumps(st.as_dict())``, the same text: the keys written once in a template
-    and each value by its field's type (an int as ``repr``, a finite float as
-    ``float.__repr__``, a str by json's own escaping), ``json.dumps`` for a value of another
-    type (and for the whole status when its fields are not the declared ones, in their
-    order). ``json.dumps`` of each status encoded its 62 keys anew: 2.2-2.7 s of a
-    100,000-tag ``--json``."""
-    fields = st.__dict__
-    if len(fields) == len(_JSON_FIELDS) and list(fields) == _JSON_FIELDS:
-        try:
-            return _json_template(*fields.values())
-        except TypeError:  # a list holding something other than str
-            pass
-    return json.dumps(st.as_dict())
-
-
-def _json_list(values: list[str]) -> str:
-    """``json.dumps`` of a list of str (TypeError for anything else in it)."""
-    return "[" + ", ".join(map(_json_str, values)) + "]"
-
-
-_json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
-_JSON_FIELDS = [f.name for f in fields(TagStatus)]
-#: each declared type's value as ``json.dumps`` writes it (``@``: the value), falling back
-#: to ``json.dumps`` of the value
-_JSON_VALUE = {
-    "str": '_text(@) if type(@) is str else _dumps(@)',
-    "int": '@ if type(@) is int else _dumps(@)',
-    "int | None": '"null" if @ is None else @ if type(@) is int else _dumps(@)',
-    "float": '_float(@) if type(@) is float and @ - @ == 0.0 else _dumps(@)',
-    "float | None": ('"null" if @ is None else _float(@) if type(@) is float and @ - @ == 0.0'
-                     ' else _dumps(@)'),
-    "bool": '"true" if @ is True else "false" if @ is False else _dumps(@)',
-    "list[str]": '_list(@) if type(@) is list else _dumps(@)',
-}
-
-
-def _make_json_template() -> Callable[..., str]:
-    """The function of :func:`_status_json_line`: one f-string of every field, given in
-    declaration order."""
-    pieces, names = [], []
-    for f in fields(TagStatus):
-        value = _JSON_VALUE.get(str(f.type), "_dumps(@)").replace("@", f"_{f.name}")
-        pieces.append(f"{json.dumps(f.name)}: {{{value}}}")
-        names.append(f"_{f.name}")
-    body = ", ".join(pieces)
-    source = f"def template({', '.join(names)}):\n    return f'{{{{{body}}}}}'\n"
-    scope = {"_text": _json_str, "_dumps": json.dumps, "_float": float.__repr__,
-             "_list": _json_list}
-    exec(compile(source, "<leafpool.status json template>", "exec"), scope)
-    template: Callable[..., str] = scope["template"]  # type: ignore[assignment]
-    return template
-
-
-_json_template = _make_json_template()

@@ -118,7 +118,8 @@ def test_status_output_json_and_plain_table(pool: Pool) -> None:
     import dataclasses
     import json
 
-    from leafpool.status import STATUS_COLUMNS, plain_table, status_json, status_row
+    from leafpool.status import STATUS_COLUMNS, plain_table, status_row
+    from leafpool.status_json import status_json
 
     pool.register("sf", "snowflake", 0, worker_ids="5,9")
     pool.register("order", "segment", 0, step=10, last_error="database down", last_error_ms=1)
@@ -295,7 +296,7 @@ def test_the_collector_pause_ends_with_the_last_of_overlapping_pauses() -> None:
     import gc
     import threading
 
-    from leafpool.status import collector_paused
+    from leafpool.core.collector import collector_paused
 
     assert gc.isenabled()
     inside, release = threading.Event(), threading.Event()

@@ -32,10 +32,10 @@ from leafpool.status import (
     plain_table,
     pool_status,
     status_detail,
-    status_json,
     status_row,
     tag_status,
 )
+from leafpool.status_json import status_json
 
 NOW_MS = 1_700_000_100_000.0
 

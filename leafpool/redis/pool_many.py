@@ -11,16 +11,13 @@ from typing import Any
 
 import redis
 
-try:  # redis-py's hiredis parser (redis[hiredis]); read_replies falls back without it
-    from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
-    from redis._parsers.hiredis import _HiredisParser
-except ImportError:  # pragma: no cover
-    _HiredisParser = None  # type: ignore[assignment,misc]
-    _NOT_ENOUGH_DATA = None
-
 from leafpool.core.keys import Keys, TagKeys
 from leafpool.redis.connect import is_cluster, redis_errors, wrap
 from leafpool.redis.lock import replid_of, written_here
+from leafpool.redis.packed import _ENCODED_MAX as _ENCODED_MAX  # pack's kept encodings
+from leafpool.redis.packed import _encoded as _encoded  # (tests/housekeeping/test_sync.py)
+from leafpool.redis.packed import around_tag, fresh_bulk, hash_dict, read_replies
+from leafpool.redis.packed import pack as pack
 from leafpool.redis.pool_common import (
     SNAPSHOT_REPLIES,
     Level,
@@ -52,36 +49,6 @@ def _on(conn: Any, commands: Sequence[tuple[str, ...]], what: str) -> list[Any]:
 TAGS_PER_PIPELINE = 500
 
 
-def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
-    """Commands in the Redis protocol (RESP arrays of bulk strings), as redis-py's
-    ``pack_commands`` writes them for str, bytes and int arguments, at a fifth of its
-    cost: 10,000 tags' snapshots are 40,000 commands, and most of their arguments (command
-    and field names) repeat, so a string's encoding is looked up, not rebuilt."""
-    out = bytearray()
-    known = _encoded.get
-    for command in commands:
-        out += b"*%d\r\n" % len(command)
-        for arg in command:
-            # only str arguments are looked up: 1 and True are one dict key but not one
-            # argument
-            enc = known(arg) if type(arg) is str else None
-            out += enc if enc is not None else _bulk(arg)
-    return bytes(out)
-
-
-def _bulk(arg: object) -> bytes:
-    raw = arg if isinstance(arg, bytes) else str(arg).encode()
-    enc = b"$%d\r\n%b\r\n" % (len(raw), raw)
-    if type(arg) is str and len(_encoded) < _ENCODED_MAX:
-        _encoded[arg] = enc
-    return enc
-
-
-def _fresh_bulk(arg: object) -> bytes:
-    raw = arg if isinstance(arg, bytes) else str(arg).encode()
-    return b"$%d\r\n%b\r\n" % (len(raw), raw)
-
-
 #: one command on one of a tag's keys: its name, the key, the arguments after the key
 TagRead = tuple[str, Callable[[TagKeys], str], tuple[str | int, ...]]
 
@@ -104,75 +71,6 @@ def _lock(k: TagKeys) -> str:
 
 def _hits(k: TagKeys) -> str:
     return k.hits
-
-
-def _as_dict(h: Any) -> dict[Any, Any]:
-    """A hash read by ``HGETALL`` as a dict: RESP3 gives one, RESP2 a flat list of fields
-    and values."""
-    if isinstance(h, dict):
-        return h
-    pairs = iter(h)
-    return dict(zip(pairs, pairs, strict=True))
-
-
-#: tags whose keys a probe finds made of a fixed text before and after the tag's name
-_PROBES = ("\x00", "probe-1.x_Y")
-
-
-def _around_tag(key: Callable[[TagKeys], str], tag: Callable[[str], TagKeys]
-                ) -> tuple[str, str] | None:
-    """The text before and after the tag's name in ``key``'s key names (``P:{`` and
-    ``}:ids``), or None when the probes do not find the key made so."""
-    before, found, after = key(tag(_PROBES[0])).partition(_PROBES[0])
-    if not found or _PROBES[0] in after:
-        return None
-    if any(key(tag(t)) != before + t + after for t in _PROBES[1:]):
-        return None
-    return before, after
-
-
-def read_replies(conn: Any, n: int) -> list[Any]:
-    """``n`` replies read on ``conn``: what ``n`` calls of its ``read_response`` return, or
-    raise. With redis-py's hiredis parser the replies are taken from hiredis's reader in
-    one loop, the socket read when it has no whole reply: ``read_response``'s own checks
-    around each reply were 40 % of reading 100,000 tags' statuses. A RESP3 push message
-    goes to the parser's handler, as ``read_response`` does; an error reply is raised
-    once all ``n`` are read (the connection left clean); a broken connection as redis-py
-    raises it."""
-    parser = getattr(conn, "_parser", None)
-    if _HiredisParser is None or type(parser) is not _HiredisParser or parser._reader is None:
-        return [conn.read_response() for _ in range(n)]
-    gets: Any = parser._reader.gets
-    fill: Any = parser.read_from_socket
-    handle: Any = parser.handle_push_response
-    push, short = parser._hiredis_PushNotificationType, _NOT_ENOUGH_DATA
-    out: list[Any] = []
-    add = out.append
-    try:
-        while n:
-            reply = gets()
-            if reply is short:
-                fill()
-            elif push is not None and type(reply) is push:
-                handle(reply)
-            else:
-                add(reply)
-                n -= 1
-    except OSError as exc:
-        conn.disconnect()
-        raise redis.ConnectionError(f"Error while reading from the socket: {exc.args}") from exc
-    for reply in out:
-        if isinstance(reply, Exception):
-            raise reply
-    return out
-
-
-#: encodings of the first strings packed, kept: command and field names come first and
-#: repeat in every tag's commands. Filled up to a bound and never evicted (an LRU cache
-#: evicted them while 10,000 distinct key names went through it, and cost more than it
-#: saved); a key name that gets in is only a wasted entry.
-_ENCODED_MAX = 4096
-_encoded: dict[str, bytes] = {}
 
 
 class ManyTags:
@@ -258,9 +156,9 @@ class ManyTags:
         if is_cluster(self.redis):
             return self._pipelined(what, tags, lambda tag: [
                 (name, key(self.tag(tag)), *args) for name, key, args in reads])
-        fixed = [(b"*%d\r\n" % (len(args) + 2) + _fresh_bulk(name),
-                  b"".join(_fresh_bulk(a) for a in args), key) for name, key, args in reads]
-        around = [_around_tag(key, self.tag) for _, _, key in fixed]
+        fixed = [(b"*%d\r\n" % (len(args) + 2) + fresh_bulk(name),
+                  b"".join(fresh_bulk(a) for a in args), key) for name, key, args in reads]
+        around = [around_tag(key, self.tag) for _, _, key in fixed]
         if all(around):
             return self._tag_reads_joined(what, tags, fixed, around)  # type: ignore[arg-type]
 
@@ -285,7 +183,7 @@ class ManyTags:
                           fixed: list[tuple[bytes, bytes, Callable[[TagKeys], str]]],
                           around: list[tuple[str, str]]) -> list[Any]:
         """:meth:`tag_reads` where every key is a fixed text, the tag's name, a fixed text
-        (:func:`_around_tag`): a tag's commands are the bytes between its name's places,
+        (:func:`around_tag`): a tag's commands are the bytes between its name's places,
         the same for every name of a length (the keys' lengths in them), joined by the name
         in one call (a key formatted and packed at a time was a third of the reads)."""
         parts = [(head, before.encode(), after.encode(), tail)
@@ -328,7 +226,7 @@ class ManyTags:
             ("LLEN", _ids, ()), ("LRANGE", _reserve, (0, -1)),
             ("HGETALL", _state, ()), ("EXISTS", _lock, ()),
             ("HMGET", _hits, tuple(hit_fields))])
-        states = [_as_dict(h) for h in raw[2::5]]
+        states = [hash_dict(h) for h in raw[2::5]]
         return list(zip(raw[0::5], raw[1::5], states, raw[3::5], raw[4::5], strict=True))
 
     def register_many(self, entries: Sequence[tuple[str, str, int, Mapping[str, object]]]
