@@ -82,8 +82,10 @@ def test_a_refiller_killed_at_a_write_leaves_a_gap_at_most(
                   pool_floor=2500, pool_ceiling=2500, lock_ttl_ms=3000, reserve_seconds=1)
     env = leafpool_env({"CRASH_AT": crash_at, "CRASH_AFTER": "2"}, **values)
     victim = role("refiller", "order", env=env)
-    victim.wait_line(f"AT {crash_at}", 60)
-    victim.kill()
+    try:
+        victim.wait_line(f"AT {crash_at}", 60)
+    finally:  # killed there, or, if it never got there, not left running
+        victim.kill()
     max_before_recovery = store.get_tag("order").max_id
     # the recovering refiller's lock is the default: a refill slower than the victim's
     # TTL on a loaded machine lost its own lock (StaleWrite, rightly)
