@@ -24,6 +24,7 @@ from leafpool.redis.pool_common import Range as Range
 from leafpool.redis.pool_common import Snapshot as Snapshot
 from leafpool.redis.pool_common import (
     queue_snapshot,
+    record_args,
     register_scripts,
     snapshot_from,
     text,
@@ -171,11 +172,7 @@ class Pool(Pops, ManyTags, RunPushes):
         registered (False, nothing written, once it was dropped)."""
         if not fields and not counts:
             return True
-        args: list[str | int] = [len(fields)]
-        for name, value in fields.items():
-            args += [name, str(value)]
-        for name, by in (counts or {}).items():
-            args += [name, by]
+        args = record_args(fields, counts)
         if counts:  # HINCRBY: never repeated (a repeat counts twice)
             state = self.tag(tag).state
             reply = self._once(tag, state, [("EVALSHA", self._record.sha, 1, state, *args)],

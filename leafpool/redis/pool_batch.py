@@ -31,6 +31,7 @@ from leafpool.redis import scripts
 from leafpool.redis.connect import is_cluster, redis_errors
 from leafpool.redis.lock import RefillLock
 from leafpool.redis.pool import Pool, Range
+from leafpool.redis.pool_common import record_args
 from leafpool.redis.push_run import push_script
 from leafpool.redis.retries import safely, send_once
 
@@ -146,12 +147,7 @@ def clear_queued(pool: Pool, tags: Sequence[str]) -> None:
 def record_command(pool: Pool, shas: Shas, tag: str, fields: Mapping[str, object],
                    counts: Mapping[str, int]) -> tuple[Any, ...]:
     """:meth:`Pool.record`'s ``record.lua`` call for ``tag``, as a command of a pipeline."""
-    args: list[str | int] = [len(fields)]
-    for name, value in fields.items():
-        args += [name, str(value)]
-    for name, by in counts.items():
-        args += [name, by]
-    return ("EVALSHA", shas["record"], 1, pool.tag(tag).state, *args)
+    return ("EVALSHA", shas["record"], 1, pool.tag(tag).state, *record_args(fields, counts))
 
 
 def append_command(pool: Pool, shas: Shas, tag: str, token: bytes, segment: Range,

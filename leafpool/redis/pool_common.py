@@ -84,6 +84,18 @@ class Snapshot:
         return float(value) if value not in (None, "") else default
 
 
+def record_args(fields: Mapping[str, object],
+                counts: Mapping[str, int] | None = None) -> list[str | int]:
+    """``record.lua``'s ARGV: the number of fields, the field/value pairs, then the
+    counter/increment pairs."""
+    args: list[str | int] = [len(fields)]
+    for name, value in fields.items():
+        args += [name, str(value)]
+    for name, by in (counts or {}).items():
+        args += [name, by]
+    return args
+
+
 def ids_from(raw: Sequence[bytes] | None) -> list[int]:
     """The IDs of one ``LPOP key count`` reply, as ints, in order.
 
