@@ -19,6 +19,7 @@ first fills go by the one-tag path.
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,9 +30,16 @@ import redis
 
 from leafpool.redis import scripts
 from leafpool.redis.connect import is_cluster, redis_errors
-from leafpool.redis.lock import RefillLock
-from leafpool.redis.pool import Pool, Range
-from leafpool.redis.pool_common import record_args
+from leafpool.redis.lock import RefillLock, replid_of
+from leafpool.redis.packed import pack
+from leafpool.redis.pool import Pool, Range, Snapshot
+from leafpool.redis.pool_common import (
+    SNAPSHOT_REPLIES,
+    as_map,
+    record_args,
+    snapshot_commands,
+    snapshot_from,
+)
 from leafpool.redis.push_run import push_script
 from leafpool.redis.retries import safely, send_once
 
@@ -47,20 +55,26 @@ def batchable(pool: Pool) -> bool:
 
 class Shas:
     """The SHA1 of each script of :data:`SCRIPTS`, loaded into the script cache when it
-    is not there (one round trip when all are)."""
+    is not there (one round trip when all are; ``found``: the reply of a ``SCRIPT
+    EXISTS`` of them all the caller sent, in the order of :data:`SCRIPTS`)."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, found: Sequence[Any] | None = None) -> None:
         client = pool.redis
         self._sha = {name: scripts.sha1(name) for name in SCRIPTS}
         with redis_errors("batch: scripts"):
-            found = safely(lambda: client.script_exists(*self._sha.values()))
-            for name, there in zip(self._sha, found, strict=True):
-                if not there:
-                    src = scripts.source(name)
-                    safely(lambda src=src: client.script_load(src))  # type: ignore[misc]
+            if found is None:
+                found = safely(lambda: client.script_exists(*self._sha.values()))
+            self.loaded = [name for name, there in zip(self._sha, found, strict=True)
+                           if not int(there)]
+            for name in self.loaded:
+                src = scripts.source(name)
+                safely(lambda src=src: client.script_load(src))  # type: ignore[misc]
 
     def __getitem__(self, name: str) -> str:
         return self._sha[name]
+
+    def exists_command(self) -> tuple[Any, ...]:
+        return ("SCRIPT", "EXISTS", *self._sha.values())
 
 
 def _repeatable(pool: Pool, commands: Sequence[tuple[Any, ...]], what: str) -> list[Any]:
@@ -129,19 +143,118 @@ def acquire_locks(pool: Pool, shas: Shas, tags: Sequence[str], ttl_ms: int,
     return out
 
 
+@dataclass
+class Taken:
+    """What :func:`take_and_read` found: the scripts' SHA1s, each tag's lock (None: held
+    by another refiller), the snapshot of each tag whose lock was taken (read after it),
+    and the master's (replication ID, address as this connection sees it)."""
+
+    shas: Shas
+    locks: dict[str, RefillLock | None]
+    snapshots: dict[str, Snapshot]
+    master: tuple[str, str]
+
+
+def take_and_read(pool: Pool, tags: Sequence[str], ttl_ms: int,
+                  monotonic: Callable[[], float] = time.monotonic) -> Taken:
+    """The batch's first steps in ONE round trip: which scripts Redis has (``SCRIPT
+    EXISTS``), each tag's refill lock taken (``lock_acquire.lua``, as
+    :func:`acquire_locks`), then each tag's snapshot (the commands of
+    :meth:`Pool.snapshots`) and the master's replication ID and address (as
+    :func:`replicas.replication_id`): Redis runs a pipeline's commands in order, so every
+    snapshot is read after its tag's lock was taken, as the one-tag refill reads it.
+    Repeated whole after a lost reply (an acquire repeated with its nonce finds its own
+    lock: code 2; the rest are reads). When Redis lacks ``lock_acquire.lua`` (a restart
+    emptied its script cache) every acquire was refused NOSCRIPT and nothing was taken: the
+    scripts are loaded and the pipeline sent once more."""
+    shas = Shas.__new__(Shas)
+    shas._sha = {name: scripts.sha1(name) for name in SCRIPTS}
+    nonces = [secrets.token_hex(16) for _ in tags]
+    keys = [pool.tag(tag).lock for tag in tags]
+    commands: list[tuple[Any, ...]] = [shas.exists_command()]
+    commands += [("EVALSHA", shas["lock_acquire"], 1, key, nonce, ttl_ms)
+                 for key, nonce in zip(keys, nonces, strict=True)]
+    for tag in tags:
+        commands += snapshot_commands(pool.tag(tag))
+    commands += [("INFO", "replication"), ("CLIENT", "INFO")]
+    packed = pack(commands)
+
+    def send() -> list[Any]:
+        conn = pool.redis.connection_pool.get_connection()
+        try:
+            conn.send_packed_command([packed])
+            return _errors_in_place(conn, len(commands))
+        except BaseException:
+            conn.disconnect()  # a reply may be left unread on it
+            raise
+        finally:
+            pool.redis.connection_pool.release(conn)
+
+    with redis_errors("batch: locks and snapshots"):
+        replies = safely(send)
+        shas = Shas(pool, replies[0])
+        if "lock_acquire" in shas.loaded:
+            replies = safely(send)
+    n = len(tags)
+    out: dict[str, RefillLock | None] = {}
+    for tag, key, nonce, reply in zip(tags, keys, nonces, replies[1:1 + n], strict=True):
+        lock = _PipelinedLock(pool.redis, key, ttl_ms, monotonic)
+        with redis_errors(f"{key}: acquire"):
+            out[tag] = lock if lock.adopt(nonce, reply) else None
+    info, me = replies[-2:]
+    with redis_errors("batch: snapshots and the master's replication ID"):
+        for reply in replies[1 + n:]:
+            if isinstance(reply, Exception):
+                raise reply
+    laddr = re.search(r"laddr=(\S+)", me.decode() if isinstance(me, bytes) else str(me))
+    raw = replies[1 + n:-2]
+    snaps: dict[str, Snapshot] = {}
+    for i, tag in enumerate(tags):
+        if out[tag] is not None:
+            length, reserve, state, locked, hits = \
+                raw[i * SNAPSHOT_REPLIES:(i + 1) * SNAPSHOT_REPLIES]
+            snaps[tag] = snapshot_from(tag, (length, reserve, as_map(state), locked, hits))
+    return Taken(shas, out, snaps, (replid_of(info), laddr.group(1) if laddr else "?"))
+
+
+def _errors_in_place(conn: Any, n: int) -> list[Any]:
+    """``n`` raw replies read on ``conn``, an error reply as its exception in its place."""
+    out: list[Any] = []
+    for _ in range(n):
+        try:
+            out.append(conn.read_response())
+        except redis.ResponseError as exc:
+            out.append(exc)
+    return out
+
+
 def release_locks(pool: Pool, shas: Shas, locks: Sequence[RefillLock]) -> None:
     """Release the held ``locks`` in one pipeline (``lock_release.lua``, as
     :meth:`RefillLock.release`: a lock taken over meanwhile is left to its holder)."""
     held = [lock for lock in locks if lock.held]
     for lock in held:
         lock.held = False
-    _repeatable(pool, [("EVALSHA", shas["lock_release"], 1, lock.name, lock.token)
-                       for lock in held], "batch: lock release")
+    _repeatable(pool, [release_command(shas, lock) for lock in held], "batch: lock release")
+
+
+def release_command(shas: Shas, lock: RefillLock) -> tuple[Any, ...]:
+    """:meth:`RefillLock.release`'s ``lock_release.lua`` call, as a command."""
+    return ("EVALSHA", shas["lock_release"], 1, lock.name, lock.token)
+
+
+def clear_queued_command(pool: Pool, tag: str) -> tuple[Any, ...]:
+    """:meth:`Pool.clear_queued` for ``tag``, as a command."""
+    return ("DEL", pool.tag(tag).queued)
+
+
+def dry_command(pool: Pool, shas: Shas, tag: str, now_ms: int) -> tuple[Any, ...]:
+    """:meth:`Pool.note_dry`'s ``dry.lua`` call for ``tag``, as a command."""
+    return ("EVALSHA", shas["dry"], 2, pool.tag(tag).ids, pool.tag(tag).state, now_ms)
 
 
 def clear_queued(pool: Pool, tags: Sequence[str]) -> None:
     """Each tag's ``queued`` marker deleted, in one pipeline (:meth:`Pool.clear_queued`)."""
-    _repeatable(pool, [("DEL", pool.tag(tag).queued) for tag in tags], "batch: clear queued")
+    _repeatable(pool, [clear_queued_command(pool, tag) for tag in tags], "batch: clear queued")
 
 
 def record_command(pool: Pool, shas: Shas, tag: str, fields: Mapping[str, object],
@@ -173,8 +286,8 @@ def push_command(pool: Pool, shas: Shas, tag: str, token: bytes, head: Range, co
 
 def note_dry(pool: Pool, shas: Shas, tags: Sequence[str], now_ms: int) -> None:
     """:meth:`Pool.note_dry` for each tag, in one pipeline (``dry.lua``: repeatable)."""
-    _repeatable(pool, [("EVALSHA", shas["dry"], 2, pool.tag(tag).ids, pool.tag(tag).state,
-                        now_ms) for tag in tags], "batch: dry marks")
+    _repeatable(pool, [dry_command(pool, shas, tag, now_ms) for tag in tags],
+                "batch: dry marks")
 
 
 @dataclass(frozen=True)

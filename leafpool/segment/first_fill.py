@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from leafpool.core.errors import BackendUnavailable, LeafpoolError, StaleWrite, UnknownTag
-from leafpool.redis import pool_batch, replicas, scripts
+from leafpool.redis import pool_batch, scripts
 from leafpool.redis.lock import RefillLock
 from leafpool.redis.pool import Pool, Range, Snapshot
 from leafpool.refill.base import RefillResult
@@ -172,9 +172,10 @@ class FirstFill:
             return done
         # a tag listed twice: the copy waits for the one-tag path, as a second refill would
         done.rest = _repeats(tags)
-        shas = pool_batch.Shas(self.pool)
-        locks = pool_batch.acquire_locks(self.pool, shas, unique, self.settings.lock_ttl_ms,
+        # the scripts checked, the locks taken, the snapshots and the master read: one trip
+        taken = pool_batch.take_and_read(self.pool, unique, self.settings.lock_ttl_ms,
                                          self.refiller._monotonic)
+        shas, locks = taken.shas, taken.locks
         held = {tag: lock for tag, lock in locks.items() if lock is not None}
         fills: dict[str, _Fill] = {}
         try:
@@ -184,11 +185,11 @@ class FirstFill:
             if clear_queued:  # held by another refill: it fills the tag, its release heard
                 pool_batch.clear_queued(self.pool, [t for t, lock in locks.items()
                                                     if lock is None and t not in done.rest])
-            plain, master = self._plain(shas, held, done)
+            plain = self._plain(shas, held, taken, done)
             for tag, snap in plain.items():
                 fills[tag] = _Fill(self.refiller, snap, held[tag])
             self._rounds(shas, list(fills.values()))
-            self._finish(shas, fills, master, done, clear_queued)
+            self._finish(shas, fills, taken.master, done, clear_queued)
         finally:
             pool_batch.release_locks(self.pool, shas, list(held.values()))
         # tags the fill gave up on keep the order they were asked in
@@ -197,30 +198,27 @@ class FirstFill:
         return done
 
     def _plain(self, shas: pool_batch.Shas, held: dict[str, RefillLock],
-               done: FirstFillDone) -> tuple[dict[str, Snapshot], tuple[str, str]]:
-        """The held tags that are plain first fills, by snapshot, and the master's
-        (replication ID, address); the others' locks are released for the one-tag path
-        (and taken out of ``held``) and they are listed in ``rest``."""
-        tags = list(held)
-        if not tags:
-            return {}, ("", "")
-        snaps = self.pool.snapshots(tags)
-        replid, where = replicas.replication_id(self.pool.redis, self.pool.tag(tags[0]).ids)
+               taken: pool_batch.Taken, done: FirstFillDone) -> dict[str, Snapshot]:
+        """The held tags that are plain first fills, by snapshot; the others' locks are
+        released for the one-tag path (and taken out of ``held``) and they are listed in
+        ``rest``."""
+        replid = taken.master[0]
         plain: dict[str, Snapshot] = {}
         others: list[str] = []
-        for snap in snaps:
+        for tag in held:
+            snap = taken.snapshots[tag]
             s = snap.state
             if snap.known and s.get("mode", "segment") == "segment" and not snap.reserve \
                     and snap.length == 0 and snap.int("pushed_total") == 0 \
                     and s.get("redis_replid", "") in ("", replid):
-                plain[snap.tag] = snap
+                plain[tag] = snap
             else:
-                others.append(snap.tag)
+                others.append(tag)
         pool_batch.release_locks(self.pool, shas, [held[tag] for tag in others])
         for tag in others:
             del held[tag]
         done.rest += others
-        return plain, (replid, where)
+        return plain
 
     def _rounds(self, shas: pool_batch.Shas, fills: list[_Fill]) -> None:
         """Allocate, append and push, a round for every segment a tag needs: one database
@@ -297,9 +295,19 @@ class FirstFill:
 
     def _finish(self, shas: pool_batch.Shas, fills: dict[str, _Fill],
                 master_is: tuple[str, str], done: FirstFillDone, clear_queued: bool) -> None:
-        """Each tag's state recorded as the one-tag refill records it, in one pipeline,
-        before the locks are released; a failed tag's failure recorded as the one-tag
-        refill records it.
+        """Each tag's state recorded as the one-tag refill records it, before its lock is
+        released; a failed tag's failure recorded as the one-tag refill records it.
+
+        One pipeline, in this order: every tag's record, then (``clear_queued``) the
+        ``queued`` markers cleared, the dry marks of the tags that fill, then the locks of
+        the tags that fill released. Redis runs them in order, so each tag's lock is
+        released after its state is recorded, as in the one-tag refill (whose last record
+        is followed by its release), and its marker cleared once its state is recorded
+        and before the release is heard. The tags that failed in the rounds keep their
+        locks past this pipeline: their failure is recorded (and its hold marked) while
+        the lock is held, then the locks are released. A tag whose record is refused (an
+        error reply: its lock released meanwhile) fails as the one-tag refill's refused
+        last record fails it: reported, with no further record.
 
         ``clear_queued``: the filled tags' ``queued`` markers are cleared here, once their
         state is recorded and before a failure's hold is marked, not when the locks are
@@ -328,22 +336,40 @@ class FirstFill:
                 ok.append(f)
             commands.append(pool_batch.record_command(
                 self.pool, shas, f.tag, {**master, **rec.fields}, rec.counts))
+        recorded = len(commands)
+        cleared = [f.tag for f in fills.values() if not f.to_single] if clear_queued else []
+        commands += [pool_batch.clear_queued_command(self.pool, tag) for tag in cleared]
+        # the list may be dry now (nothing added), as the one-tag refill marks it
+        dry_ms = self.refiller._now_ms()
+        commands += [pool_batch.dry_command(self.pool, shas, f.tag, dry_ms) for f in ok
+                     if f.snap.int("dry_since_ms") or not f.result.pushed]
+        releasing = [f.lock for f in ok if f.lock.held]
+        commands += [pool_batch.release_command(shas, lock) for lock in releasing]
         try:
-            replies = pool_batch.send_writes(self.pool, commands, "batch: record")
+            replies = pool_batch.send_writes(self.pool, commands, "batch: record and release")
         except BackendUnavailable as exc:
-            replies = [exc] * len(commands)
+            # nothing or some of it ran: the markers are cleared again, the locks still
+            # held released after the failures are recorded (both repeatable)
             for f in ok:
                 f.fail(exc)
-        for f, reply in zip(fills.values(), replies, strict=True):
-            refused = pool_batch.refusal(reply)
-            if refused is not None and f.open:
-                f.fail(_stale(f.tag, "record refused", refused))
-        dry = [f.tag for f in fills.values() if not f.open or f.snap.int("dry_since_ms")
-               or not f.result.pushed]
-        if clear_queued:  # a tag left to the one-tag path keeps its marker for that refill
-            pool_batch.clear_queued(self.pool, [f.tag for f in fills.values()
-                                                if not f.to_single])
+            if cleared:
+                pool_batch.clear_queued(self.pool, cleared)
+        else:
+            for lock in releasing:  # released (an error reply: the lock's TTL ends it)
+                lock.held = False
+            for f, reply in zip(fills.values(), replies[:recorded], strict=True):
+                refused = pool_batch.refusal(reply)
+                if refused is not None and f.open:
+                    f.fail(_stale(f.tag, "record refused", refused))
+                    if not f.lock.held:
+                        done.outcomes[f.tag] = ("failed", f"{type(f.error).__name__}: "
+                                                          f"{f.error}", 0)
+                        log.warning("%s: refill failed: %s", f.tag, f.error)
+        dry = [f.tag for f in fills.values() if (f.error is not None or f.to_single)
+               and f.lock.held]
         for f in fills.values():
+            if f.tag in done.outcomes:  # its record refused after its lock was released
+                continue
             if f.error is not None:
                 self._failed(f, done)
             elif f.to_single:
@@ -351,7 +377,7 @@ class FirstFill:
             else:
                 done.outcomes[f.tag] = ("refilled", f.result.summary(), f.result.pushed)
                 log.info("%s: refill %s", f.tag, f.result.summary())
-        if dry:  # the list may be dry now (nothing added), as the one-tag refill marks it
+        if dry:  # a failed tag's list may be dry now, as the one-tag refill marks it
             try:
                 pool_batch.note_dry(self.pool, shas, dry, self.refiller._now_ms())
             except BackendUnavailable as exc:

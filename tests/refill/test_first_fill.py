@@ -18,7 +18,7 @@ from leafpool.core.config import Settings
 from leafpool.core.errors import LeafpoolError, OutsideDcSlot
 from leafpool.housekeeping.sync import sync_tags
 from leafpool.redis.pool import Pool, Range
-from leafpool.refill.batch import BatchResult, refill_many
+from leafpool.refill.batch import BatchResult, FirstFillDone, refill_many
 from leafpool.segment.counter import SLOT_SIZE, DcSlot
 from leafpool.segment.first_fill import FirstFill
 from leafpool.segment.refiller import SegmentRefiller
@@ -41,10 +41,22 @@ def _refiller(pool: Pool, store: SegmentStore, settings: Settings) -> SegmentRef
 
 
 def _batch(refiller: SegmentRefiller, tags: Sequence[str]) -> BatchResult:
-    """The task's call (workers/tasks.py refill_segments)."""
+    """The task's call (workers/tasks.py refill_segments); the batched first fill must not
+    raise (the batch would fill every tag one by one instead, and pass for it)."""
     first = FirstFill(refiller)
-    return refill_many(lambda tag: refiller.refill(tag, clear_queued=True), tags, threads=4,
-                       first_fill=lambda batch: first.run(batch, clear_queued=True))
+    raised: list[BaseException] = []
+
+    def first_fill(batch: Sequence[str]) -> FirstFillDone:
+        try:
+            return first.run(batch, clear_queued=True)
+        except BaseException as exc:
+            raised.append(exc)
+            raise
+
+    result = refill_many(lambda tag: refiller.refill(tag, clear_queued=True), tags,
+                         threads=4, first_fill=first_fill)
+    assert not raised, raised
+    return result
 
 
 def _ids(r: redis.Redis, tag: str) -> list[int]:
