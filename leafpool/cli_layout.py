@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from leafpool.cli_common import out, reports_errors
 from leafpool.core.config import get_settings
 from leafpool.core.snowflake_layout import dc_of, dc_range
-from leafpool.snowflake.registry.layout_admin import inspect, set_layout
-from leafpool.snowflake.registry.layout_report import Report
 from leafpool.status import plain_table
+
+if TYPE_CHECKING:
+    from leafpool.snowflake.registry.layout_report import Report
 
 snowflake_app = typer.Typer(no_args_is_help=True, help="Snowflake worker-ID registries.")
 
@@ -67,6 +68,10 @@ def snowflake_layout(
     """Show the DC layout the snowflake registry records, and every worker ID it holds or
     leases with its DC under the recorded and the configured layout; --set records the
     configured layout (a site that grows to more DCs)."""
+    # imported here: the registries' clients (SQLAlchemy, kazoo) cost every other
+    # command a third of a second at start
+    from leafpool.snowflake.registry.layout_admin import inspect, set_layout
+
     settings = get_settings()
     report = set_layout(settings) if set_layout_ else inspect(settings)
     if as_json:

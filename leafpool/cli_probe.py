@@ -13,8 +13,6 @@ Exit 0 when healthy or ready, 1 when not (one line says why).
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from typing import Annotated
 
 import typer
@@ -22,8 +20,6 @@ import typer
 from leafpool.cli_common import err, out
 from leafpool.core.config import get_settings
 from leafpool.core.snowflake_layout import wall_clock_ms
-from leafpool.snowflake.registry.ready import probe as probe_ready
-from leafpool.snowflake.registry.ready import ready_dir
 
 probe_app = typer.Typer(no_args_is_help=True, help="Exec probes (healthchecks) for containers.")
 
@@ -44,6 +40,9 @@ def probe_http(
     timeout: Annotated[float, typer.Option(help="seconds to wait for the answer")] = 3.0,
 ) -> None:
     """The HTTP service on this host answers /healthz (or /readyz) with 200."""
+    import urllib.error  # here: urllib.request costs the other commands' start
+    import urllib.request
+
     s = get_settings()
     url = http_probe_url(s.http_host, s.http_port, ready)
     try:
@@ -63,6 +62,10 @@ def probe_http(
 @probe_app.command("snowflake")
 def probe_snowflake() -> None:
     """A snowflake generator on this host holds its worker-ID lease."""
+    # imported here: leafpool.snowflake.registry is not needed by the other commands
+    from leafpool.snowflake.registry.ready import probe as probe_ready
+    from leafpool.snowflake.registry.ready import ready_dir
+
     directory = ready_dir(get_settings())
     ready, stale = probe_ready(directory, wall_clock_ms())
     for state in ready:

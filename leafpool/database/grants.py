@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 from leafpool.core.errors import InvalidArgument
-from leafpool.database.engine import parse_url
 
 ROLES = ("admin", "worker", "monitor", "http", "app")
 
@@ -58,6 +57,8 @@ def grants(role: str, database: str, user: str, host: str = "%") -> list[str]:
 
 def database_of(url: str) -> str:
     """The database name of a MySQL URL."""
+    from leafpool.database.engine import parse_url  # SQLAlchemy: not at the CLI's start
+
     parsed = parse_url(url)
     if parsed.get_backend_name() != "mysql" or not parsed.database:
         raise InvalidArgument("LEAFPOOL_DATABASE_URL", parsed.render_as_string(True),
