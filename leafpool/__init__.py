@@ -22,7 +22,8 @@ The modules at this top level are the surfaces, what users and operators touch:
 ``workers/`` (the only Celery code) sits above them.
 """
 
-from leafpool.client import AsyncClient, Client
+from typing import TYPE_CHECKING
+
 from leafpool.core.errors import (
     BackendUnavailable,
     ClockMovedBackwards,
@@ -38,6 +39,9 @@ from leafpool.core.errors import (
     WorkerIdUnavailable,
 )
 from leafpool.core.version import __version__
+
+if TYPE_CHECKING:
+    from leafpool.client import AsyncClient, Client
 
 __all__ = [
     "AsyncClient",
@@ -56,3 +60,19 @@ __all__ = [
     "WorkerIdUnavailable",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``Client`` and ``AsyncClient``, imported on first use (PEP 562): ``import
+    leafpool.<module>`` (the CLI, a worker) does not pay for the client's imports."""
+    if name in ("Client", "AsyncClient"):
+        from leafpool import client
+
+        value: object = getattr(client, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
