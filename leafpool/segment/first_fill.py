@@ -3,13 +3,14 @@ once (docs/design.md §4): the tag sync registers thousands of tags and queues t
 batches; refilled one by one, each tag cost ~14 Redis round trips (most of them writes,
 each waiting for ``appendfsync always``) and one database transaction.
 
-Here each step is one round trip for the batch: the N refill locks taken in one pipeline,
-the N snapshots read in one, the first segment of every tag allocated in ONE database
+Here the steps share round trips, each step's commands for every tag in order within
+them: the scripts checked, the N refill locks taken and the N snapshots read (each after
+its lock) in one pipeline; the first segment of every tag allocated in ONE database
 transaction (:meth:`~leafpool.segment.store.SegmentStore.allocate_many`: each tag's own
-checks and its one atomic ``max_id`` advance on its locked row), the appends to the
-reserves and the pushes into the lists sent in one pipeline (the same fenced scripts,
-each checking its own tag's lock token, reserve head and high-water mark: a refused write
-leaves a gap, never a repeat), the state recorded in one and the locks released in one.
+checks and its one atomic ``max_id`` advance on its locked row); the appends and pushes
+in one pipeline (the same fenced scripts, each checking its own tag's lock token, reserve
+head and high-water mark: a refused write leaves a gap, never a repeat); the records,
+markers and lock releases in one.
 
 What is decided and recorded for each tag is the one-tag refill's own code
 (:class:`~leafpool.segment.refiller.SegmentRefiller`: the measurement, the targets, the
@@ -172,7 +173,6 @@ class FirstFill:
             return done
         # a tag listed twice: the copy waits for the one-tag path, as a second refill would
         done.rest = _repeats(tags)
-        # the scripts checked, the locks taken, the snapshots and the master read: one trip
         taken = pool_batch.take_and_read(self.pool, unique, self.settings.lock_ttl_ms,
                                          self.refiller._monotonic)
         shas, locks = taken.shas, taken.locks
@@ -298,24 +298,19 @@ class FirstFill:
         """Each tag's state recorded as the one-tag refill records it, before its lock is
         released; a failed tag's failure recorded as the one-tag refill records it.
 
-        One pipeline, in this order: every tag's record, then (``clear_queued``) the
-        ``queued`` markers cleared, the dry marks of the tags that fill, then the locks of
-        the tags that fill released. Redis runs them in order, so each tag's lock is
-        released after its state is recorded, as in the one-tag refill (whose last record
-        is followed by its release), and its marker cleared once its state is recorded
-        and before the release is heard. The tags that failed in the rounds keep their
-        locks past this pipeline: their failure is recorded (and its hold marked) while
-        the lock is held, then the locks are released. A tag whose record is refused (an
-        error reply: its lock released meanwhile) fails as the one-tag refill's refused
-        last record fails it: reported, with no further record.
+        One pipeline, run in order: every tag's record, the ``queued`` markers cleared
+        (``clear_queued``), the filling tags' dry marks, then their locks released: each
+        lock released after its tag's state is recorded, as the one-tag refill releases
+        after its last record. A tag that failed in the rounds keeps its lock past it:
+        its failure (and the failure's hold) is recorded while the lock is held. A tag
+        whose record is refused (an error reply; its lock released meanwhile) fails as the
+        one-tag refill's refused last record fails it, with no further record.
 
-        ``clear_queued``: the filled tags' ``queued`` markers are cleared here, once their
-        state is recorded and before a failure's hold is marked, not when the locks are
-        taken (as the one-tag refill clears its own): the drop watcher reads a tag and
-        marks it a moment later, and a batch's tags, read due and free just before the
-        batch took their locks, were marked and queued again (one useless refill task per
-        tag, taken before the batches waiting behind it, seen in a Celery run) when their
-        markers went at the start of the fill."""
+        The markers are cleared once the state is recorded, not when the locks are taken
+        (as the one-tag refill clears its own): the drop watcher reads a tag and marks it
+        a moment later, and a batch's tags, read due and free just before the batch took
+        their locks, were marked and queued again (one useless refill each, taken before
+        the batches waiting behind it) when their markers went at the start of the fill."""
         replid, where = master_is
         now_ms = self.refiller._now_ms()
         commands: list[tuple[Any, ...]] = []
@@ -348,9 +343,7 @@ class FirstFill:
         try:
             replies = pool_batch.send_writes(self.pool, commands, "batch: record and release")
         except BackendUnavailable as exc:
-            # nothing or some of it ran: the markers are cleared again, the locks still
-            # held released after the failures are recorded (both repeatable)
-            for f in ok:
+            for f in ok:  # some of it may have run: markers cleared again, locks released
                 f.fail(exc)
             if cleared:
                 pool_batch.clear_queued(self.pool, cleared)
@@ -361,15 +354,9 @@ class FirstFill:
                 refused = pool_batch.refusal(reply)
                 if refused is not None and f.open:
                     f.fail(_stale(f.tag, "record refused", refused))
-                    if not f.lock.held:
-                        done.outcomes[f.tag] = ("failed", f"{type(f.error).__name__}: "
-                                                          f"{f.error}", 0)
-                        log.warning("%s: refill failed: %s", f.tag, f.error)
         dry = [f.tag for f in fills.values() if (f.error is not None or f.to_single)
                and f.lock.held]
         for f in fills.values():
-            if f.tag in done.outcomes:  # its record refused after its lock was released
-                continue
             if f.error is not None:
                 self._failed(f, done)
             elif f.to_single:
@@ -387,7 +374,10 @@ class FirstFill:
         """The one-tag refill's record of a failure (while the lock is held)."""
         exc = f.error
         assert exc is not None
-        self.refiller._record_failure(f.snap, exc)
+        if f.lock.held:
+            self.refiller._record_failure(f.snap, exc)
+        else:  # its last record refused, released with it: reported, as the one-tag path
+            log.warning("%s: refill failed: %s", f.tag, exc)
         if isinstance(exc, UnknownTag):  # the row is gone: the sync drops the tag
             log.info("%s: not a tag any more, refill dropped", f.tag)
             done.outcomes[f.tag] = ("skipped", "unknown tag", 0)

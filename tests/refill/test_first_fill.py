@@ -16,8 +16,10 @@ from sqlalchemy import text
 
 from leafpool.core.config import Settings
 from leafpool.core.errors import LeafpoolError, OutsideDcSlot
+from leafpool.housekeeping.sweep import sweep
 from leafpool.housekeeping.sync import sync_tags
-from leafpool.redis.pool import Pool, Range
+from leafpool.redis import scripts
+from leafpool.redis.pool import Level, Pool, Range
 from leafpool.refill.batch import BatchResult, FirstFillDone, refill_many
 from leafpool.segment.counter import SLOT_SIZE, DcSlot
 from leafpool.segment.first_fill import FirstFill
@@ -320,4 +322,72 @@ def test_a_batched_tag_keeps_its_queued_marker_until_its_state_is_recorded(
     result = _batch(refiller, tags)
     assert set(result.refilled) == set(tags)
     assert seen == [[1] * 5]
+    assert not any(r.exists(pool.tag(tag).queued) for tag in tags)
+
+
+def test_each_batched_tag_is_released_after_its_state_is_recorded_and_its_marker_cleared(
+    pool: Pool, store: SegmentStore, r: redis.Redis, make_settings: Callable[..., Settings]
+) -> None:
+    """The records, the markers and the releases share one pipeline: Redis runs it in
+    order, so each tag's lock goes after its state is recorded and its marker cleared (a
+    refill that took the lock in between would find a state not yet recorded, and its
+    record overwritten by this one), as the commands Redis ran show (MONITOR)."""
+    tags = [f"m{n}" for n in range(6)]
+    for tag in tags:
+        store.add_tag(tag, step=100)
+    sync_tags(pool, store)
+    pool.mark_queued_many(tags, 60)
+    names = {scripts.sha1(name): name for name in ("record", "lock_release")}
+    ran: list[tuple[str, str]] = []  # (what, tag) in the order Redis ran them
+    listening = threading.Event()
+
+    def watch() -> None:
+        client = redis.Redis(connection_pool=r.connection_pool)
+        with client.monitor() as m:  # type: ignore[no-untyped-call]
+            listening.set()
+            for event in m.listen():
+                args = event["command"].split(" ")
+                if args[0] == "ECHO":
+                    return
+                tag = next((a.split("{")[1].split("}")[0] for a in args if "{" in a), "")
+                if args[0] == "EVALSHA" and args[1] in names:
+                    ran.append((names[args[1]], tag))
+                elif args[0] == "DEL" and args[1].endswith(":queued"):
+                    ran.append(("cleared", tag))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert listening.wait(WAIT)
+    result = _batch(_refiller(pool, store, _settings(make_settings)), tags)
+    r.echo("done")
+    watcher.join(WAIT)
+    assert set(result.refilled) == set(tags)
+    for tag in tags:
+        order = [what for what, t in ran if t == tag]
+        assert order == ["record", "cleared", "lock_release"], (tag, order)
+
+
+def test_a_sweep_that_read_the_tags_before_a_batch_filled_them_queues_none(
+    pool: Pool, store: SegmentStore, r: redis.Redis, make_settings: Callable[..., Settings]
+) -> None:
+    """The sweep reads every tag's level, then marks and queues the due ones seconds
+    later (over many tags): a batch that filled them in between (and cleared their
+    markers) left them due as read, and each was queued a refill with nothing to do. The
+    tags marked are read again; the ones whose list grew are not queued, their marks
+    cleared."""
+    tags = [f"w{n}" for n in range(5)]
+    for tag in tags:
+        store.add_tag(tag, step=100)
+    sync_tags(pool, store)
+    refiller = _refiller(pool, store, _settings(make_settings))
+    real_levels = pool.levels
+
+    def levels_then_fill(names: Sequence[str]) -> list[Level]:
+        read = real_levels(names)
+        assert set(_batch(refiller, tags).refilled) == set(tags)
+        return read
+
+    pool.levels = levels_then_fill  # type: ignore[method-assign,assignment]
+    assert all(lv.due() for lv in real_levels(tags))
+    assert sweep(pool, 30) == []
     assert not any(r.exists(pool.tag(tag).queued) for tag in tags)
