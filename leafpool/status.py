@@ -300,9 +300,12 @@ STEP_NOTE = ("step: the step allocations use now; it grows from the table step (
 
 def footnotes(statuses: Sequence[TagStatus]) -> list[str]:
     """What ``leafpool status`` says below the table (table and plain formats)."""
-    grown = any(r.mode == "segment" and r.table_step and r.step not in (0, r.table_step)
-                for r in statuses)
-    return [STEP_NOTE] if grown else []
+    return [STEP_NOTE] if any(map(grown, statuses)) else []
+
+
+def grown(r: TagStatus) -> bool:
+    """A segment tag's step in use differs from its table step."""
+    return r.mode == "segment" and bool(r.table_step) and r.step not in (0, r.table_step)
 
 
 def status_row(r: TagStatus) -> list[str]:

@@ -337,7 +337,7 @@ def test_either_protocol_reads_the_same(r: redis.Redis, protocol: int) -> None:
 def test_the_json_written_in_pieces_is_the_json_at_once(pool: Pool, r: redis.Redis) -> None:
     """``leafpool status --json`` writes a chunk's statuses at a time: the same bytes as
     status_json of them all, whatever the chunks (empty ones among them)."""
-    from leafpool.cli_status import status_json_parts
+    from leafpool.cli_status import json_body, status_json_parts
 
     fill(pool, r, 7)
     st = pool_status(pool, now_ms=NOW_MS)
@@ -345,7 +345,7 @@ def test_the_json_written_in_pieces_is_the_json_at_once(pool: Pool, r: redis.Red
         [], [[]], [st], [st[:1], [], st[1:4], st[4:]], [[], st[:3], st[3:], []]]
     for chunks in cases:
         whole = [s for chunk in chunks for s in chunk]
-        assert "".join(status_json_parts(chunks)) == status_json(whole)
+        assert "".join(status_json_parts(map(json_body, chunks))) == status_json(whole)
     assert status_json([]) == "[]\n"
 
 
