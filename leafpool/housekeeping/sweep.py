@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from leafpool.core.errors import LeafpoolError
@@ -34,6 +34,7 @@ from leafpool.core.keys import TagKeys
 from leafpool.redis.lock import TokenLock
 from leafpool.redis.pool import Level, Pool
 from leafpool.redis.pool_batch import clear_queued
+from leafpool.redis.pool_common import LEVEL_FIELDS, level_from
 
 #: how long a trigger's ``queued`` marker holds a tag (the drop watcher's, the sweep's, a
 #: running batch's): a refill task that cannot run (lost with its worker, failed without
@@ -135,34 +136,41 @@ def sweep(
     note_dry(pool, levels, int(wall() * 1000))
     due = unmarked(pool, due_tags(levels, wanted))
     locked = pool.locks_held([d.tag for d in due]) if due else []
-    queued = still_due(pool, queue_due(pool, due, locked, queued_seconds),
-                       {lv.tag: lv.length for lv in levels})
+    queued = still_due(pool, queue_due(pool, due, locked, queued_seconds))
     return [(d.tag, d.mode, d.force) for d in queued]
 
 
-def still_due(pool: Pool, marked: Sequence[Due], lengths: Mapping[str, int]) -> list[Due]:
-    """The tags just marked queued whose list has not grown since ``lengths`` was read
-    (only a refill adds to a list). Over many tags the levels are read seconds before the
-    mark, and a first-fill batch that ran meanwhile filled the tag and cleared its marker
-    (10,000 new tags: a sweep queued 100 refills with nothing to do, which held a pool
-    process for 12 s before the batches behind them). Those are not queued (their mark
-    cleared); a forced refill is queued as decided. One ``LLEN`` a tag read again."""
+def still_due(pool: Pool, marked: Sequence[Due]) -> list[Due]:
+    """The tags just marked queued that are still due, read again after the mark (the
+    drop watcher reads them so too). Over many tags the levels are read seconds before
+    the mark, and a first-fill batch that ran meanwhile filled the tag and cleared its
+    marker (10,000 new tags: a sweep queued 100 refills with nothing to do, which held a
+    pool process for 12 s before the batches behind them). Those are not queued (their
+    mark cleared); a forced refill is queued as decided. The level's two reads again
+    (``LLEN``, ``HMGET``), not the lock: a tag a refill holds now was free a moment ago,
+    and its queued refill finds it locked or filled."""
     check = [d.tag for d in marked if not d.force]
     if not check:
         return list(marked)
     try:
-        now = pool.tag_reads("lengths again", check, [("LLEN", _ids_key, ())])
+        raw = pool.tag_reads("levels again", check, [
+            ("LLEN", _ids_key, ()), ("HMGET", _state_key, LEVEL_FIELDS)])
     except LeafpoolError:  # queued as decided: a useless refill at worst
         return list(marked)
-    grown = {tag for tag, n in zip(check, now, strict=True) if int(n) > lengths[tag]}
-    if grown:
+    stale = {tag for i, tag in enumerate(check)
+             if not level_from(tag, raw[2 * i:2 * i + 2]).due()}
+    if stale:
         with contextlib.suppress(LeafpoolError):  # else they expire (queued_seconds)
-            clear_queued(pool, sorted(grown))
-    return [d for d in marked if d.tag not in grown]
+            clear_queued(pool, sorted(stale))
+    return [d for d in marked if d.tag not in stale]
 
 
 def _ids_key(k: TagKeys) -> str:
     return k.ids
+
+
+def _state_key(k: TagKeys) -> str:
+    return k.state
 
 
 def sweep_lock(pool: Pool, interval: float) -> TokenLock:

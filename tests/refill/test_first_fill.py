@@ -373,7 +373,7 @@ def test_a_sweep_that_read_the_tags_before_a_batch_filled_them_queues_none(
     """The sweep reads every tag's level, then marks and queues the due ones seconds
     later (over many tags): a batch that filled them in between (and cleared their
     markers) left them due as read, and each was queued a refill with nothing to do. The
-    tags marked are read again; the ones whose list grew are not queued, their marks
+    tags marked are read again; the ones no longer due are not queued, their marks
     cleared."""
     tags = [f"w{n}" for n in range(5)]
     for tag in tags:
