@@ -37,7 +37,6 @@ from leafpool.core.errors import (
 )
 from leafpool.core.tags import validate_tag
 from leafpool.core.version import __version__
-from leafpool.redis.register import register
 from leafpool.runtime import Runtime
 from leafpool.status import plain_table
 
@@ -71,6 +70,8 @@ def _root(
 
 def _register(rt: Runtime, tag: str, mode: str, table_step: int | None = None) -> None:
     """Tell the pool at once; if Redis is down the beat's tag sync does it later."""
+    from leafpool.redis.register import register
+
     try:
         register(rt.pool, tag, mode, table_step)
     except LeafpoolError as exc:
