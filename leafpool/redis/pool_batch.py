@@ -19,6 +19,7 @@ first fills go by the one-tag path.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 import time
@@ -28,6 +29,7 @@ from typing import Any
 
 import redis
 
+from leafpool.core.errors import LeafpoolError
 from leafpool.redis import scripts
 from leafpool.redis.connect import is_cluster, redis_errors
 from leafpool.redis.lock import RefillLock, replid_of
@@ -73,8 +75,10 @@ class Shas:
     def __getitem__(self, name: str) -> str:
         return self._sha[name]
 
-    def exists_command(self) -> tuple[Any, ...]:
-        return ("SCRIPT", "EXISTS", *self._sha.values())
+
+def _exists_command() -> tuple[Any, ...]:
+    """``SCRIPT EXISTS`` of every script of :data:`SCRIPTS`, in their order."""
+    return ("SCRIPT", "EXISTS", *(scripts.sha1(name) for name in SCRIPTS))
 
 
 def _repeatable(pool: Pool, commands: Sequence[tuple[Any, ...]], what: str) -> list[Any]:
@@ -125,24 +129,6 @@ class _PipelinedLock(RefillLock):
         return super()._run(name, args, what)
 
 
-def acquire_locks(pool: Pool, shas: Shas, tags: Sequence[str], ttl_ms: int,
-                  monotonic: Callable[[], float] = time.monotonic
-                  ) -> dict[str, RefillLock | None]:
-    """Each tag's refill lock taken in one pipeline (``lock_acquire.lua``, as
-    :meth:`RefillLock.acquire`); None for a tag whose lock another refiller holds."""
-    nonces = [secrets.token_hex(16) for _ in tags]
-    keys = [pool.tag(tag).lock for tag in tags]
-    replies = _repeatable(pool, [("EVALSHA", shas["lock_acquire"], 1, key, nonce, ttl_ms)
-                                 for key, nonce in zip(keys, nonces, strict=True)],
-                          "batch: lock acquire")
-    out: dict[str, RefillLock | None] = {}
-    for tag, key, nonce, reply in zip(tags, keys, nonces, replies, strict=True):
-        lock = _PipelinedLock(pool.redis, key, ttl_ms, monotonic)
-        with redis_errors(f"{key}: acquire"):
-            out[tag] = lock if lock.adopt(nonce, reply) else None
-    return out
-
-
 @dataclass
 class Taken:
     """What :func:`take_and_read` found: the scripts' SHA1s, each tag's lock (None: held
@@ -159,20 +145,19 @@ def take_and_read(pool: Pool, tags: Sequence[str], ttl_ms: int,
                   monotonic: Callable[[], float] = time.monotonic) -> Taken:
     """The batch's first steps in ONE round trip: which scripts Redis has (``SCRIPT
     EXISTS``), each tag's refill lock taken (``lock_acquire.lua``, as
-    :func:`acquire_locks`), then each tag's snapshot (the commands of
+    :meth:`RefillLock.acquire`), then each tag's snapshot (the commands of
     :meth:`Pool.snapshots`) and the master's replication ID and address (as
     :func:`replicas.replication_id`): Redis runs a pipeline's commands in order, so every
     snapshot is read after its tag's lock was taken, as the one-tag refill reads it.
     Repeated whole after a lost reply (an acquire repeated with its nonce finds its own
     lock: code 2; the rest are reads). When Redis lacks ``lock_acquire.lua`` (a restart
     emptied its script cache) every acquire was refused NOSCRIPT and nothing was taken: the
-    scripts are loaded and the pipeline sent once more."""
-    shas = Shas.__new__(Shas)
-    shas._sha = {name: scripts.sha1(name) for name in SCRIPTS}
+    scripts are loaded and the pipeline sent once more. Raises after releasing the locks
+    it took when a reply is an error (a tag's lock, snapshot, or the master's ID)."""
     nonces = [secrets.token_hex(16) for _ in tags]
     keys = [pool.tag(tag).lock for tag in tags]
-    commands: list[tuple[Any, ...]] = [shas.exists_command()]
-    commands += [("EVALSHA", shas["lock_acquire"], 1, key, nonce, ttl_ms)
+    commands: list[tuple[Any, ...]] = [_exists_command()]
+    commands += [("EVALSHA", scripts.sha1("lock_acquire"), 1, key, nonce, ttl_ms)
                  for key, nonce in zip(keys, nonces, strict=True)]
     for tag in tags:
         commands += snapshot_commands(pool.tag(tag))
@@ -197,15 +182,21 @@ def take_and_read(pool: Pool, tags: Sequence[str], ttl_ms: int,
             replies = safely(send)
     n = len(tags)
     out: dict[str, RefillLock | None] = {}
-    for tag, key, nonce, reply in zip(tags, keys, nonces, replies[1:1 + n], strict=True):
-        lock = _PipelinedLock(pool.redis, key, ttl_ms, monotonic)
-        with redis_errors(f"{key}: acquire"):
-            out[tag] = lock if lock.adopt(nonce, reply) else None
+    try:
+        for tag, key, nonce, reply in zip(tags, keys, nonces, replies[1:1 + n], strict=True):
+            lock = _PipelinedLock(pool.redis, key, ttl_ms, monotonic)
+            out[tag] = None
+            with redis_errors(f"{key}: acquire"):
+                out[tag] = lock if lock.adopt(nonce, reply) else None
+        with redis_errors("batch: snapshots and the master's replication ID"):
+            for reply in replies[1 + n:]:
+                if isinstance(reply, Exception):
+                    raise reply
+    except BaseException:
+        with contextlib.suppress(LeafpoolError):  # else their TTL ends them
+            release_locks(pool, shas, [lock for lock in out.values() if lock is not None])
+        raise
     info, me = replies[-2:]
-    with redis_errors("batch: snapshots and the master's replication ID"):
-        for reply in replies[1 + n:]:
-            if isinstance(reply, Exception):
-                raise reply
     laddr = re.search(r"laddr=(\S+)", me.decode() if isinstance(me, bytes) else str(me))
     raw = replies[1 + n:-2]
     snaps: dict[str, Snapshot] = {}

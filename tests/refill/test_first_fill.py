@@ -391,3 +391,20 @@ def test_a_sweep_that_read_the_tags_before_a_batch_filled_them_queues_none(
     assert all(lv.due() for lv in real_levels(tags))
     assert sweep(pool, 30) == []
     assert not any(r.exists(pool.tag(tag).queued) for tag in tags)
+
+
+def test_a_batch_after_the_script_cache_was_emptied_loads_the_scripts_and_fills(
+    pool: Pool, store: SegmentStore, r: redis.Redis, make_settings: Callable[..., Settings]
+) -> None:
+    """The scripts' check shares the locks' pipeline: with the cache empty (a restarted
+    Redis) every acquire is refused NOSCRIPT and nothing is taken; the scripts are loaded
+    and the pipeline sent again, and every tag is filled by the batch itself."""
+    tags = [f"f{n}" for n in range(4)]
+    for tag in tags:
+        store.add_tag(tag, step=100)
+    sync_tags(pool, store)
+    r.script_flush()
+    result = _batch(_refiller(pool, store, _settings(make_settings)), tags)
+    assert set(result.refilled) == set(tags)
+    assert all(_ids(r, tag)[:1] == [1] for tag in tags)
+    assert not any(r.exists(pool.tag(tag).lock) for tag in tags)
