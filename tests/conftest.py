@@ -26,7 +26,9 @@ from tests.support.tls import Pki, make_pki
 
 # after a run with failures, only the failed tests' tmp_path stays (not the fixtures'
 # shared directories: a CA's keys, compose files)
-pytest_plugins = ["tests.support.tmp_retention"]
+pytest_plugins = ["tests.support.tmp_retention",
+                  # the bench's smoke runs, one a section per session (bench_smoke)
+                  "tests.support.bench_smoke"]
 
 _db_counter = itertools.count()
 

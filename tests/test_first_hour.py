@@ -23,6 +23,7 @@ from leafpool.cli_status import TSV_FIELDS
 from leafpool.redis.lock import RefillLock
 from leafpool.redis.pool import Pool, Range
 from tests.support import services
+from tests.support.bench_smoke import Smoke
 from tests.support.processes import Proc, leafpool_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,13 +247,13 @@ def test_tag_list_follows_the_rule_status_does(redis_url: str, tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_bench_smoke_says_its_figures_are_not_measurements() -> None:
-    """The banner opens and closes the output, even of a section that stops early."""
+def test_bench_smoke_says_its_figures_are_not_measurements(
+        bench_smoke: Callable[[str], Smoke]) -> None:
+    """The banner opens and closes the output, even of a section that stops early (the
+    session's one run of the section: tests/support/bench_smoke.py)."""
     if shutil.which("redis-server") is None:
         services.missing("redis-server")
-    done = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--only", "tls"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "COLUMNS": "200"})
+    done = bench_smoke("tls")
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     assert lines, done.stderr
     assert "NOT measurements" in lines[0] and "NOT measurements" in lines[-1], lines
@@ -261,17 +262,17 @@ def test_bench_smoke_says_its_figures_are_not_measurements() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("section", ["pools", "outage"])
-def test_bench_smoke_reads_as_working(section: str) -> None:
+def test_bench_smoke_reads_as_working(bench_smoke: Callable[[str], Smoke],
+                                      section: str) -> None:
     """Issue 27: a smoke run printed "refill failed: ... Can't connect to MySQL server" (the
     outage section kills MariaDB on purpose) and a targets table of NO rows (its figures
     mean nothing by design): the killed database's warnings are not printed (the table
-    counts them) and no target is judged."""
+    counts them) and no target is judged. (The session's one run of the section, 200
+    columns wide: tests/support/bench_smoke.py.)"""
     for binary in ("redis-server", "mariadbd"):
         if shutil.which(binary) is None and not Path(f"/usr/sbin/{binary}").exists():
             services.missing(binary)
-    done = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--only", section],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "COLUMNS": "200"})
+    done = bench_smoke(section)
     said = done.stdout + done.stderr
     assert done.returncode == 0, said[-3000:]
     assert "refill failed" not in said and "Can't connect" not in said, said[-3000:]

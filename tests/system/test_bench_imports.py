@@ -14,83 +14,23 @@ later, at run time.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
-from importlib import metadata
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
 
 from tests.support import services
+from tests.support.bench_smoke import Smoke, blocked_env, honest_blocked_modules
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRAS = frozenset({"bench", "monitor"})  # what `./dev bench` installs (see ./dev)
-
-BLOCKER = '''
-import sys
-
-BLOCKED = frozenset({blocked!r})
-
-
-class NotInstalledByTheBenchExtra:
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in BLOCKED:
-            raise ModuleNotFoundError(
-                f"No module named {{name!r}} (./dev bench does not install it)", name=name)
-        return None
-
-
-sys.meta_path.insert(0, NotInstalledByTheBenchExtra())
-'''
-
-
-def installed_by(project: str, extras: frozenset[str]) -> set[str]:
-    """Canonical names of the installed distributions that ``pip install project[extras]``
-    pulls in (the project itself, its requirements under those extras, recursively)."""
-    found: set[str] = set()
-    seen: set[tuple[str, frozenset[str]]] = set()
-    todo = [(project, extras)]
-    while todo:
-        name, wanted = todo.pop()
-        if (canonicalize_name(name), wanted) in seen:
-            continue
-        seen.add((canonicalize_name(name), wanted))
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue  # not installed here: it cannot be imported by mistake either
-        found.add(canonicalize_name(dist.metadata["Name"]))
-        for raw in dist.requires or []:
-            req = Requirement(raw)
-            if req.marker is None or any(req.marker.evaluate({"extra": extra})
-                                         for extra in wanted | {""}):
-                todo.append((req.name, frozenset(req.extras)))
-    return found
-
-
-def blocked_modules() -> set[str]:
-    """Top-level modules installed here that ``./dev bench`` would not install."""
-    allowed = installed_by("leafpool", EXTRAS) | installed_by("pip", frozenset())
-    return {module for module, dists in metadata.packages_distributions().items()
-            if not any(canonicalize_name(d) in allowed for d in dists)}
 
 
 @pytest.fixture(scope="module")
 def bench_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    blocked = blocked_modules()
-    # the simulation is honest only if it removes the test tools and keeps the runtime
-    assert {"pytest", "_pytest", "mypy"} <= blocked
-    assert not {"redis", "celery", "leafpool", "uvicorn", "httpx", "snowflake"} & blocked
-    site = tmp_path_factory.mktemp("bench-site")
-    (site / "sitecustomize.py").write_text(BLOCKER.format(blocked=sorted(blocked)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LEAFPOOL_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
-    env.pop("PYTEST_CURRENT_TEST", None)
-    return env
+    return blocked_env(tmp_path_factory.mktemp("bench-site"), honest_blocked_modules())
 
 
 def test_every_bench_module_imports_without_the_test_tools(bench_env: dict[str, str]) -> None:
@@ -136,13 +76,14 @@ def test_every_section_of_the_bench_is_run_here() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # a section, beside the suite's other workers
 @pytest.mark.parametrize("section", sorted(SECTIONS))
-def test_the_benchmarks_run_without_the_test_tools(bench_env: dict[str, str],
+def test_the_benchmarks_run_without_the_test_tools(bench_smoke: Callable[[str], Smoke],
                                                    section: str) -> None:
+    """The section's run in the environment of ``bench_env`` (tests/support/bench_smoke.py:
+    the session's one run of it, which tests/test_first_hour.py reads too)."""
     for binary in ("redis-server", "mariadbd"):
         if shutil.which(binary) is None and not Path(f"/usr/sbin/{binary}").exists():
             services.missing(binary)
-    done = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--only", section],
-                          env=bench_env, cwd=ROOT, capture_output=True, text=True, timeout=540)
+    done = bench_smoke(section)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     for title in SECTIONS[section]:
         assert title in done.stdout, title
