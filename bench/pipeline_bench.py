@@ -74,7 +74,7 @@ class PipelineSizes:
 
 FULL = PipelineSizes()
 QUICK = PipelineSizes(rounds=2, limit_s=1.5, warm_s=8.0, measure_s=3.0)
-SMOKE = PipelineSizes(rounds=1, limit_s=0.3, warm_s=0.5, measure_s=0.5, fill_rate=500_000,
+SMOKE = PipelineSizes(rounds=1, limit_s=0.3, warm_s=0.5, measure_s=0.5, fill_rate=50_000,
                       single_tags=2, tags_per_master=1)
 
 
