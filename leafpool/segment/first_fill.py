@@ -110,6 +110,7 @@ class _Fill:
         self.pushes: list[tuple[Range, int]] = []  # this round's chunks: (head, count)
         self.error: LeafpoolError | None = None
         self.to_single = False  # left to the one-tag path (a client moved the head)
+        self.released = False  # its lock released with its last record
 
     @property
     def open(self) -> bool:
@@ -338,8 +339,8 @@ class FirstFill:
         dry_ms = self.refiller._now_ms()
         commands += [pool_batch.dry_command(self.pool, shas, f.tag, dry_ms) for f in ok
                      if f.snap.int("dry_since_ms") or not f.result.pushed]
-        releasing = [f.lock for f in ok if f.lock.held]
-        commands += [pool_batch.release_command(shas, lock) for lock in releasing]
+        releasing = [f for f in ok if f.lock.held]
+        commands += [pool_batch.release_command(shas, f.lock) for f in releasing]
         try:
             replies = pool_batch.send_writes(self.pool, commands, "batch: record and release")
         except BackendUnavailable as exc:
@@ -348,14 +349,13 @@ class FirstFill:
             if cleared:
                 pool_batch.clear_queued(self.pool, cleared)
         else:
-            for lock in releasing:  # released (an error reply: the lock's TTL ends it)
-                lock.held = False
+            for f in releasing:  # released (an error reply: the lock's TTL ends it)
+                f.lock.held, f.released = False, True
             for f, reply in zip(fills.values(), replies[:recorded], strict=True):
                 refused = pool_batch.refusal(reply)
                 if refused is not None and f.open:
                     f.fail(_stale(f.tag, "record refused", refused))
-        dry = [f.tag for f in fills.values() if (f.error is not None or f.to_single)
-               and f.lock.held]
+        dry = [f.tag for f in fills.values() if not f.open and not f.released]
         for f in fills.values():
             if f.error is not None:
                 self._failed(f, done)
@@ -374,7 +374,7 @@ class FirstFill:
         """The one-tag refill's record of a failure (while the lock is held)."""
         exc = f.error
         assert exc is not None
-        if f.lock.held:
+        if not f.released:
             self.refiller._record_failure(f.snap, exc)
         else:  # its last record refused, released with it: reported, as the one-tag path
             log.warning("%s: refill failed: %s", f.tag, exc)
