@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from typing import Annotated, Any, Generic, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Annotated, Any, Generic, NamedTuple, TypeVar, cast
 
 import typer
 from rich.table import Table
@@ -33,7 +33,6 @@ from leafpool.cli_common import (
 from leafpool.core.collector import collector_paused as _collector_paused
 from leafpool.core.errors import UnknownTag
 from leafpool.core.tags import validate_tag
-from leafpool.redis.pool import Pool
 from leafpool.status import (
     STATUS_COLUMNS,
     TagStatus,
@@ -46,6 +45,9 @@ from leafpool.status import (
     status_row,
 )
 from leafpool.status_json import status_json
+
+if TYPE_CHECKING:  # the command's start needs no redis-py (tests/test_cli_start.py)
+    from leafpool.redis.pool import Pool
 
 #: ``--format tsv``: plain values under the JSON's field names (integers without
 #: separators, times as ms since the epoch, durations in seconds, rates in IDs/s, an empty

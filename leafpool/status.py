@@ -9,11 +9,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from leafpool.core.collector import collector_paused
 from leafpool.core.durations import fmt_ago, fmt_duration
-from leafpool.redis.pool import Pool, Snapshot
 from leafpool.refill.sizing import rate_now
+
+if TYPE_CHECKING:  # the CLI's start needs no redis-py
+    from leafpool.redis.pool import Pool, Snapshot
 
 
 @dataclass
@@ -303,8 +306,7 @@ def footnotes(statuses: Sequence[TagStatus]) -> list[str]:
     return [STEP_NOTE] if any(map(grown, statuses)) else []
 
 
-def grown(r: TagStatus) -> bool:
-    """A segment tag's step in use differs from its table step."""
+def grown(r: TagStatus) -> bool:  # a segment tag's step in use is not its table step
     return r.mode == "segment" and bool(r.table_step) and r.step not in (0, r.table_step)
 
 
