@@ -10,7 +10,6 @@ values under the JSON's field names, the notices on stderr: for ``cut`` and ``aw
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
 import time
@@ -238,6 +237,8 @@ def rendered(pool: Pool, names: Sequence[str], now_ms: float,
     chunk whose child failed is read again here, so its error is raised here; closing the
     iterator early ends the children."""
     global _job
+    import multiprocessing  # here: the other commands start without it
+
     job = _Job(pool, names, now_ms, render)
     starts = range(0, len(names), CHUNK)
     n = processes() if workers is None else workers
