@@ -11,6 +11,7 @@ values under the JSON's field names, the notices on stderr: for ``cut`` and ``aw
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -218,6 +219,20 @@ def _in_child(lo: int) -> tuple[Any] | None:
         return (_job.chunk(lo),)
     except Exception:
         return None
+
+
+def _child_start() -> None:
+    """In a child forked by :func:`rendered`, at once after the fork: it ends on SIGTERM
+    (the pool's ``terminate``) and on Ctrl-C, whatever handlers the parent had installed
+    (a flag-only handler inherited at the fork left ``terminate`` waiting on the child
+    forever). Other forks of the process are left alone."""
+    if _job is not None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_child_start)
 
 
 def processes() -> int:

@@ -6,10 +6,12 @@ threshold prints what the statuses read in one process print, in every format.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -180,3 +182,43 @@ def test_the_notices_of_the_tags_that_say_something_are_those_of_all(
     assert 0 < len(said) < len(every)
     assert notices(said, clock=lambda: NOW_MS / 1000) == notices(every, clock=lambda: NOW_MS / 1000)
     assert footnotes(said) == footnotes(every) != []
+
+
+_FLAG_HANDLERS = """
+import signal, sys, multiprocessing
+import leafpool.cli_status as cs
+import redis
+from leafpool.redis.pool import Pool
+
+stopped = []
+for sig in (signal.SIGTERM, signal.SIGINT):  # as leafpool.embedded's runner installs them
+    signal.signal(sig, lambda signum, frame: stopped.append(signum))
+cs.CHUNK, cs.FORK_MIN_TAGS = 25, 1
+pool = Pool(redis.Redis.from_url(sys.argv[1]), "leafpool")
+names = pool.tags()
+parts = list(cs.rendered(pool, names, 1.7e12, cs.json_body, workers=2))
+early = cs.rendered(pool, names, 1.7e12, cs.json_body, workers=2)
+next(early)
+early.close()
+print(len(parts), len(multiprocessing.active_children()), stopped)
+"""
+
+
+def test_the_children_end_whatever_signal_handlers_the_parent_installed(
+    pool: Pool, r: redis.Redis, redis_url: str
+) -> None:
+    """A process with flag-only SIGTERM and SIGINT handlers (leafpool's embedded runner,
+    a test's stop event): its children still end on the pool's ``terminate``, at the end
+    and when the caller stops reading early (they inherited the handler and the pool
+    waited on them forever)."""
+    fill(pool, r, 200)
+    proc = subprocess.Popen([sys.executable, "-c", _FLAG_HANDLERS, redis_url], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:  # the hung children too
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    assert out.split() == ["8", "0", "[]"]
