@@ -43,7 +43,7 @@ from leafpool.redis.pool_common import (
     snapshot_from,
 )
 from leafpool.redis.push_run import push_script
-from leafpool.redis.retries import safely, send_once
+from leafpool.redis.retries import read_all, safely, send_once
 
 #: the scripts a batched first fill sends (loaded once per batch when missing)
 SCRIPTS = ("lock_acquire", "lock_release", "record", "append_reserve", "push_ids",
@@ -168,7 +168,7 @@ def take_and_read(pool: Pool, tags: Sequence[str], ttl_ms: int,
         conn = pool.redis.connection_pool.get_connection()
         try:
             conn.send_packed_command([packed])
-            return _errors_in_place(conn, len(commands))
+            return read_all(conn, len(commands))
         except BaseException:
             conn.disconnect()  # a reply may be left unread on it
             raise
@@ -206,17 +206,6 @@ def take_and_read(pool: Pool, tags: Sequence[str], ttl_ms: int,
                 raw[i * SNAPSHOT_REPLIES:(i + 1) * SNAPSHOT_REPLIES]
             snaps[tag] = snapshot_from(tag, (length, reserve, as_map(state), locked, hits))
     return Taken(shas, out, snaps, (replid_of(info), laddr.group(1) if laddr else "?"))
-
-
-def _errors_in_place(conn: Any, n: int) -> list[Any]:
-    """``n`` raw replies read on ``conn``, an error reply as its exception in its place."""
-    out: list[Any] = []
-    for _ in range(n):
-        try:
-            out.append(conn.read_response())
-        except redis.ResponseError as exc:
-            out.append(exc)
-    return out
 
 
 def release_locks(pool: Pool, shas: Shas, locks: Sequence[RefillLock]) -> None:

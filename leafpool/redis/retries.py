@@ -96,7 +96,7 @@ async def _ignore_async(_: Exception) -> None:
     return None
 
 
-def _read_all(conn: Any, count: int) -> list[Any]:
+def read_all(conn: Any, count: int) -> list[Any]:
     """``count`` replies; an error reply is returned as its exception, in its place."""
     out: list[Any] = []
     for _ in range(count):
@@ -128,7 +128,7 @@ def send_once(client: Any, commands: Sequence[Sequence[Any]], what: str,
             conn.disconnect()
             raise wrap(exc, what) from exc
         try:
-            return _read_all(conn, len(commands))
+            return read_all(conn, len(commands))
         except BaseException as exc:
             conn.disconnect()
             if on_lost is not None:
