@@ -30,11 +30,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from leafpool.core.errors import LeafpoolError
-from leafpool.core.keys import TagKeys
 from leafpool.redis.lock import TokenLock
 from leafpool.redis.pool import Level, Pool
 from leafpool.redis.pool_batch import clear_queued
-from leafpool.redis.pool_common import LEVEL_FIELDS, level_from
 
 #: how long a trigger's ``queued`` marker holds a tag (the drop watcher's, the sweep's, a
 #: running batch's): a refill task that cannot run (lost with its worker, failed without
@@ -140,37 +138,31 @@ def sweep(
     return [(d.tag, d.mode, d.force) for d in queued]
 
 
-def still_due(pool: Pool, marked: Sequence[Due]) -> list[Due]:
+def still_due(pool: Pool, marked: Sequence[Due], locks: bool = False) -> list[Due]:
     """The tags just marked queued that are still due, read again after the mark (the
-    drop watcher reads them so too). Over many tags the levels are read seconds before
-    the mark, and a first-fill batch that ran meanwhile filled the tag and cleared its
-    marker (10,000 new tags: a sweep queued 100 refills with nothing to do, which held a
-    pool process for 12 s before the batches behind them). Those are not queued (their
-    mark cleared); a forced refill is queued as decided. The level's two reads again
-    (``LLEN``, ``HMGET``), not the lock: a tag a refill holds now was free a moment ago,
-    and its queued refill finds it locked or filled."""
+    sweep's and the drop watcher's step between marking and queueing). The levels decided
+    on were read a moment before the mark (seconds, over many tags), and a refill that
+    ran meanwhile (a first-fill batch, which holds a tag's marker until its state is
+    recorded) filled the tag and cleared its marker (10,000 new tags: a sweep queued 100
+    refills with nothing to do, which held a pool process for 12 s before the batches
+    behind them). Those are not queued (their mark cleared); a forced refill (a client
+    found the tag empty, or its pool outgrown) is queued as decided. ``locks``: a tag
+    whose lock is held now is dropped too (the watcher, which reads it again at its next
+    heartbeat); the sweep reads only the levels: a tag a refill holds now was free a
+    moment ago, and its queued refill finds it locked or filled."""
     check = [d.tag for d in marked if not d.force]
     if not check:
         return list(marked)
     try:
-        raw = pool.tag_reads("levels again", check, [
-            ("LLEN", _ids_key, ()), ("HMGET", _state_key, LEVEL_FIELDS)])
+        fresh = pool.levels(check)
+        held = pool.locks_held(check) if locks else [False] * len(check)
     except LeafpoolError:  # queued as decided: a useless refill at worst
         return list(marked)
-    stale = {tag for i, tag in enumerate(check)
-             if not level_from(tag, raw[2 * i:2 * i + 2]).due()}
+    stale = {lv.tag for lv, lock in zip(fresh, held, strict=True) if lock or not lv.due()}
     if stale:
         with contextlib.suppress(LeafpoolError):  # else they expire (queued_seconds)
             clear_queued(pool, sorted(stale))
     return [d for d in marked if d.tag not in stale]
-
-
-def _ids_key(k: TagKeys) -> str:
-    return k.ids
-
-
-def _state_key(k: TagKeys) -> str:
-    return k.state
 
 
 def sweep_lock(pool: Pool, interval: float) -> TokenLock:

@@ -57,10 +57,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from leafpool.core.errors import LeafpoolError
-from leafpool.housekeeping.sweep import QUEUED_SECONDS, Due, due_tags, note_dry, queue_due
+from leafpool.housekeeping.sweep import (
+    QUEUED_SECONDS,
+    Due,
+    due_tags,
+    note_dry,
+    queue_due,
+    still_due,
+)
 from leafpool.redis.connect import is_cluster
 from leafpool.redis.pool import Level, Pool
-from leafpool.redis.pool_batch import clear_queued
 from leafpool.redis.spill import ReserveSpill
 from leafpool.redis.tracking import Tracking
 from leafpool.refill.sizing import RecentRate
@@ -287,7 +293,7 @@ class DropWatcher:
         free = [d.tag for d in due if not locked[d.tag]]  # a locked tag: its release is heard
         ends = {}
         marked = queue_due(self.pool, due, [locked[d.tag] for d in due], self.queued_seconds)
-        for d in self._still_due(marked):
+        for d in still_due(self.pool, marked, locks=True):
             # its marker, or (not queued: the marker cleared) the next heartbeat
             ends[d.tag] = self.queued_seconds if self._queue(d, rates.get(d.tag, 0.0)) \
                 else HEARTBEAT_SECONDS
@@ -304,28 +310,6 @@ class DropWatcher:
             at = now + ends.get(tag, HEARTBEAT_SECONDS) + MARKER_MARGIN_SECONDS
             self._recheck[tag] = at
             self._next_end = min(self._next_end, at)
-
-    def _still_due(self, marked: list[Due]) -> list[Due]:
-        """The tags just marked queued that are still due and free, read again after the
-        mark: the levels decided on were read a moment (seconds, over many tags) before
-        it, and a refill that ran meanwhile (a batch's first fill, which holds a tag's
-        marker until its state is recorded) filled the tag, or holds its lock. Those are
-        not queued (their mark cleared; read again at the next heartbeat): each would be
-        a refill task with nothing to do, taken before the first-fill batches waiting
-        behind it. A forced refill (a client found the tag empty, or its pool outgrown)
-        is queued as decided."""
-        check = [d.tag for d in marked if not d.force]
-        if not check:
-            return marked
-        try:
-            fresh = self.pool.levels(check)
-            held = self.pool.locks_held(check)
-        except LeafpoolError:  # queued as decided: a useless refill at worst
-            return marked
-        stale = {lv.tag for lv, lock in zip(fresh, held, strict=True) if lock or not lv.due()}
-        with contextlib.suppress(LeafpoolError):  # else they expire (queued_seconds)
-            clear_queued(self.pool, sorted(stale))
-        return [d for d in marked if d.tag not in stale]
 
     def _since_last(self, tag: str, now: float, consumed: int) -> float:
         """The rate since the tag's last read, over at least ``SHORT_SPAN_SECONDS``: a
