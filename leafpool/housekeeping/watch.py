@@ -26,7 +26,7 @@ tag for the marker's few seconds and a heartbeat, not until the sweep (docs/desi
 §3.7).
 
 A segment tag read below its low-water mark while no refill holds it gets IDs from its
-reserve at once (:class:`~leafpool.redis.spill.ReserveSpill`, ``spill_reserve.lua``):
+reserve at once (:class:`~leafpool.redis.spill.ReserveSpill`, ``spill_range.lua``):
 the watcher's recent rate (or the rate since the tag's last read, over at least
 ``SHORT_SPAN_SECONDS``, when that is more) for ``SPILL_SECONDS``, or when that is less
 what takes the list back to its target up to a chunk, at most ``MAX_SPILL``; then its

@@ -27,7 +27,8 @@ Retrying after a lost reply (the script may or may not have run):
   counts twice).
 - ``drop``: safe; a repeat finds no state and returns 1 again.
 - ``trim_reserve``: safe; a repeat drops only head ranges that still meet its conditions.
-- ``spill_reserve``: safe; a repeat of a chunk that went through finds the head moved (-2).
+- ``spill_reserve``, ``spill_range``: safe; a repeat of a chunk that went through finds
+  the head moved (-2).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ NOT_DECIMAL = -7
 INCONSISTENT = -8
 LOCK_HELD = -9  # spill_reserve: a refill lock exists
 LIST_FILLED = -10  # spill_reserve: the list holds as many IDs as the caller's bound
-BEYOND_DOUBLES = -11  # push_range: the last ID is 2^53 or above (push_ids sends those)
+BEYOND_DOUBLES = -11  # push_range, spill_range: the last ID is 2^53 or above (push_ids,
+# spill_reserve send those)
 
 REFUSALS = {
     LOCK_LOST: "the refill lock is not held with this token",

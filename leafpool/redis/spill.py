@@ -6,8 +6,10 @@ queued, picked up by a worker and started.
 
 The write is fenced as a refill's push is (the reserve head read, the high-water mark)
 and refused while the tag's refill lock exists, whoever holds it: the watcher holds no
-token, so it never writes beside a refill. How much to move is the watcher's decision;
-this module only does it.
+token, so it never writes beside a refill. A chunk whose last ID is below 2^53 goes by
+``spill_range.lua`` (its two ends sent, the IDs generated in Redis, as a refill's
+``push_range.lua``), any other by ``spill_reserve.lua`` (every ID sent). How much to move
+is the watcher's decision; this module only does it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from leafpool.redis import scripts
 from leafpool.redis.connect import redis_errors
 from leafpool.redis.pool import Pool
 from leafpool.redis.pool_common import Range
+from leafpool.redis.push_run import RANGE_LIMIT, RANGE_MAX_IDS
 from leafpool.redis.retries import safely
 
 #: reserve ranges read to plan one move (a range is a whole segment: one or two suffice)
@@ -49,6 +52,7 @@ class ReserveSpill:
         self.pool = pool
         self.chunk = chunk
         self._script = pool.redis.register_script(scripts.source("spill_reserve"))
+        self._range = pool.redis.register_script(scripts.source("spill_range"))
 
     def plan(self, reserve: list[Range], count: int) -> list[tuple[Range, int]]:
         """The chunks that move the first ``count`` IDs of ``reserve``: (head, IDs)."""
@@ -82,11 +86,15 @@ class ReserveSpill:
         def send() -> list[Any]:
             pipe = self.pool.redis.pipeline(transaction=False)
             bound = below
+            keys = [k.ids, k.reserve, k.state, k.lock]
             for head, n in chunks:
-                ids = [str(i) for i in range(head.start, head.start + n)]
-                self._script(keys=[k.ids, k.reserve, k.state, k.lock],
-                             args=[head.encode(), head.after_taking(n), now_ms, bound, *ids],
-                             client=pipe)
+                base = [head.encode(), head.after_taking(n), now_ms, bound]
+                last = head.start + n - 1
+                if n <= RANGE_MAX_IDS and last < RANGE_LIMIT:
+                    self._range(keys=keys, args=[*base, head.start, last], client=pipe)
+                else:
+                    ids = [str(i) for i in range(head.start, last + 1)]
+                    self._script(keys=keys, args=[*base, *ids], client=pipe)
                 bound += n
             return pipe.execute()  # type: ignore[no-any-return]
 

@@ -161,8 +161,8 @@ def test_the_drop_watchers_move_runs_under_the_worker_role_and_not_the_apps(
     acl_server: services.Server, root: redis.Redis, sqlite_url: str
 ) -> None:
     """The watcher runs in the beat under the worker role: its move of reserve IDs into a
-    list (spill_reserve.lua, docs/design.md §3.7) is within that role; the app role may
-    not run it."""
+    list (spill_range.lua below 2^53, spill_reserve.lua above, docs/design.md §3.7) is
+    within that role; the app role may run neither."""
     refiller, pool, store = _worker(acl_server, sqlite_url)
     store.add_tag(TAG, step=1000)
     sync_tags(pool, store)
@@ -178,10 +178,11 @@ def test_the_drop_watchers_move_runs_under_the_worker_role_and_not_the_apps(
     assert root.llen(ids) == 100 and root.hget(f"leafpool:{{{TAG}}}:state",
                                                "watch_pushed") == b"60"
     assert _denials(root) == []
-    with pytest.raises(redis.exceptions.NoPermissionError):
-        app.evalsha(scripts.sha1("spill_reserve"), 4, ids, f"leafpool:{{{TAG}}}:reserve",
-                    f"leafpool:{{{TAG}}}:state", f"leafpool:{{{TAG}}}:lock",
-                    "1001:2001", "1002:2001", "1", "100", "1001")
+    for name, chunk in (("spill_reserve", ["1001"]), ("spill_range", ["1001", "1001"])):
+        with pytest.raises(redis.exceptions.NoPermissionError):  # the IDs, or the two ends
+            app.evalsha(scripts.sha1(name), 4, ids, f"leafpool:{{{TAG}}}:reserve",
+                        f"leafpool:{{{TAG}}}:state", f"leafpool:{{{TAG}}}:lock",
+                        "1001:2001", "1002:2001", "1", "100", *chunk)
     assert root.llen(ids) == 100
     app.close()
 
@@ -199,7 +200,8 @@ def _attempts(key: str) -> list[tuple[object, ...]]:
     """Every command the app role may send, and a few it may not, with hostile
     arguments, against ``key``."""
     sha = [scripts.sha1(name) for name in ("push_ids", "take_reserve", "record", "drop",
-                                           "lock_acquire", "lock_release", "spill_reserve")]
+                                           "lock_acquire", "lock_release", "spill_reserve",
+                                           "spill_range", "push_range")]
     return [
         ("LPOP", key), ("LPOP", key, 100_000), ("BLPOP", key, "0.01"),
         ("SISMEMBER", key, TAG), ("SADD", key, TAG, "junk", "{x}"),

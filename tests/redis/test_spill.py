@@ -1,6 +1,7 @@
-"""The drop watcher's move of reserve IDs into a tag's list (spill_reserve.lua,
-leafpool/redis/spill.py, docs/design.md §3.7) against a real redis-server: it moves the
-reserve head's IDs and records them as a refill's push does; it is refused, writing
+"""The drop watcher's move of reserve IDs into a tag's list (spill_range.lua below 2^53,
+spill_reserve.lua from there, leafpool/redis/spill.py, docs/design.md §3.7) against a
+real redis-server: it moves the reserve head's IDs and records them as a refill's push
+does; it is refused, writing
 nothing, while a refill lock exists, once the list holds the caller's bound, and by the
 push's own fence; and run against a real refill of the same tag, concurrently, many
 times, no ID is handed out twice and the IDs come out strictly increasing."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import redis
@@ -32,9 +34,10 @@ def _reserve(r: redis.Redis, *ranges: str, hwm: str | None = None) -> None:
                              **({"hwm": hwm} if hwm else {})})
 
 
-def _call(r: redis.Redis, *args: str) -> int:
-    return int(r.eval(scripts.source("spill_reserve"), 4, K.ids, K.reserve, K.state, K.lock,
-                      *args))
+def _call(r: redis.Redis, *args: str, script: str = "spill_reserve") -> int:
+    """``spill_reserve`` takes the IDs as arguments, ``spill_range`` the first and last:
+    with two IDs given the arguments are the same."""
+    return int(r.eval(scripts.source(script), 4, K.ids, K.reserve, K.state, K.lock, *args))
 
 
 def _unchanged(r: redis.Redis, reserve: list[bytes], length: int = 0) -> None:
@@ -42,18 +45,68 @@ def _unchanged(r: redis.Redis, reserve: list[bytes], length: int = 0) -> None:
     assert r.llen(K.ids) == length
 
 
+class CountedSpill(ReserveSpill):
+    """The real move, counting the calls of each script it sends."""
+
+    def __init__(self, pool: Pool, chunk: int = 1000) -> None:
+        super().__init__(pool, chunk)
+        self.calls = {"spill_range": 0, "spill_reserve": 0}
+        by_range, by_ids = self._range, self._script
+
+        def counted(name: str, script: Any) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                self.calls[name] += 1
+                return script(*args, **kwargs)
+            return call
+
+        self._range = counted("spill_range", by_range)
+        self._script = counted("spill_reserve", by_ids)
+
+
+@pytest.mark.parametrize(("base", "script"), [
+    (0, "spill_range"),  # IDs below 2^53: generated in Redis from each chunk's two ends
+    (2**53 - 200, "spill_reserve"),  # the second range ends at 2^53 + 100: every ID sent
+    (2**62, "spill_reserve"),
+])
 def test_a_move_pushes_the_reserve_head_in_chunks_and_records_it(
-    pool: Pool, r: redis.Redis
+    pool: Pool, r: redis.Redis, base: int, script: str
 ) -> None:
-    _reserve(r, "100:105", "200:300", hwm="99")
-    done = ReserveSpill(pool, chunk=3).move("t", 10, below=5, now_ms=1234)
+    _reserve(r, f"{base + 100}:{base + 105}", f"{base + 200}:{base + 300}", hwm=str(base + 99))
+    spill = CountedSpill(pool, chunk=3)
+    done = spill.move("t", 10, below=5, now_ms=1234)
     assert done == Spilled(moved=10, length=10, refused=0)
-    assert [int(x) for x in r.lrange(K.ids, 0, -1)] == [*range(100, 105), *range(200, 205)]
-    assert r.lrange(K.reserve, 0, -1) == [b"205:300"]
+    assert r.lrange(K.ids, 0, -1) == [str(base + i).encode() for i in (
+        *range(100, 105), *range(200, 205))]
+    assert r.lrange(K.reserve, 0, -1) == [f"{base + 205}:{base + 300}".encode()]
     state = r.hgetall(K.state)
-    assert state[b"hwm"] == b"204" and state[b"pushed_total"] == b"10"
+    assert state[b"hwm"] == str(base + 204).encode() and state[b"pushed_total"] == b"10"
     assert state[b"watch_pushed"] == b"10" and state[b"last_push_ms"] == b"1234"
     assert state[b"reserve_due"] == b"1"  # due until a refill tops the reserve up
+    # 4 chunks of 3, 2, 3, 2; at base 2^53 - 200 the first range is below 2^53 and the
+    # second above it: two chunks each way
+    ranged = {"spill_range": 4, "spill_reserve": 0}
+    expected = ranged if script == "spill_range" else {"spill_reserve": 4, "spill_range": 0}
+    if base == 2**53 - 200:
+        expected = {"spill_range": 2, "spill_reserve": 2}
+    assert spill.calls == expected
+
+
+def test_a_range_move_writes_canonical_decimals_across_a_power_of_ten(
+    pool: Pool, r: redis.Redis
+) -> None:
+    """``string.format('%d')`` in Lua: no exponent (``tostring`` writes ``1e+15``)."""
+    _reserve(r, f"{10**15 - 2}:{10**15 + 5}")
+    spill = CountedSpill(pool)
+    assert spill.move("t", 5, below=10, now_ms=1).moved == 5
+    assert r.lrange(K.ids, 0, -1) == [str(10**15 + i).encode() for i in range(-2, 3)]
+    assert spill.calls == {"spill_range": 1, "spill_reserve": 0}
+
+
+def test_a_range_spill_at_or_above_2_53_is_refused_and_writes_nothing(r: redis.Redis) -> None:
+    _reserve(r, f"{2**53 - 1}:{2**53 + 10}")
+    assert _call(r, f"{2**53 - 1}:{2**53 + 10}", f"{2**53 + 1}:{2**53 + 10}", "1", "10",
+                 str(2**53 - 1), str(2**53), script="spill_range") == scripts.BEYOND_DOUBLES
+    _unchanged(r, [f"{2**53 - 1}:{2**53 + 10}".encode()])
 
 
 def test_a_move_is_refused_while_any_refill_lock_exists(pool: Pool, r: redis.Redis) -> None:
@@ -87,20 +140,22 @@ def test_a_move_stops_once_the_list_holds_its_bound(pool: Pool, r: redis.Redis) 
     (scripts.NOT_DECIMAL, ["1:100", "3:100", "01", "10", "1", "2"]),
     (scripts.NOT_DECIMAL, ["1:100", "3:100", "1", "-1", "1", "2"]),
 ])
+@pytest.mark.parametrize("script", ["spill_reserve", "spill_range"])
 def test_the_push_fence_refuses_and_writes_nothing(
-    r: redis.Redis, code: int, args: list[str]
+    r: redis.Redis, code: int, args: list[str], script: str
 ) -> None:
     hwm = "5" if code == scripts.NOT_ABOVE_HWM else None
     _reserve(r, "1:100", hwm=hwm)
-    assert _call(r, *args) == code
+    assert _call(r, *args, script=script) == code
     _unchanged(r, [b"1:100"])
 
 
-def test_a_repeat_of_a_move_that_went_through_is_refused(r: redis.Redis) -> None:
+@pytest.mark.parametrize("script", ["spill_reserve", "spill_range"])
+def test_a_repeat_of_a_move_that_went_through_is_refused(r: redis.Redis, script: str) -> None:
     _reserve(r, "1:100")
     args = ["1:100", "3:100", "1", "10", "1", "2"]
-    assert _call(r, *args) == 2
-    assert _call(r, *args) == scripts.HEAD_MOVED
+    assert _call(r, *args, script=script) == 2
+    assert _call(r, *args, script=script) == scripts.HEAD_MOVED
     _unchanged(r, [b"3:100"], length=2)
 
 

@@ -52,15 +52,4 @@ if count < 1 or count > 100000 then return -8 end
 local refused = chunk_fence(head, ARGV[3], KEYS[3], first, last, count)
 if refused ~= 0 then return refused end
 
-local batch, n, len = {}, 0, 0
-for id = from, to do
-  n = n + 1
-  batch[n] = string.format('%d', id)
-  if n == 1000 then
-    len = redis.call('RPUSH', KEYS[1], unpack(batch, 1, n))
-    n = 0
-  end
-end
-if n > 0 then len = redis.call('RPUSH', KEYS[1], unpack(batch, 1, n)) end
-chunk_advance(KEYS[2], KEYS[3], ARGV[3], ARGV[4], last, count)
-return len
+return chunk_push_range(KEYS[1], KEYS[2], KEYS[3], ARGV[3], ARGV[4], first, last, count)

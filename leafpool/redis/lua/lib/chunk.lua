@@ -14,12 +14,18 @@
 --   chunk_push(ids, reserve, state, next_head, now)
 --            RPUSHes ARGV[5..] onto `ids` (1,000 arguments a call) and moves the head on
 --            (chunk_advance); returns the list's new length.
+--   chunk_push_range(ids, reserve, state, next_head, now, first, last, count)
+--            RPUSHes the IDs first .. last (canonical decimals below 2^53: Lua's numbers
+--            are exact there), each as string.format '%d' writes it (never "1e+15"),
+--            1,000 a call, and moves the head on (chunk_advance); returns the list's new
+--            length.
 --   chunk_advance(reserve, state, next_head, now, last, count)
 --            moves the reserve's head on (LPOP, or LSET to next_head) and records "hwm"
 --            (= last), "last_push_ms" and "pushed_total" (+ count) in `state`.
 --
 -- A script calls chunk_fence, and only when it returned 0 writes the chunk's IDs and
--- calls chunk_advance (chunk_push does both for IDs given in ARGV[5..]).
+-- calls chunk_advance (chunk_push does both for IDs given in ARGV[5..], chunk_push_range
+-- for IDs generated from the two ends).
 
 local function chunk_fence(head, next_head, state, first, last, count)
   if not (dec(first) and dec(last)) then return -7 end
@@ -60,5 +66,20 @@ local function chunk_push(ids, reserve, state, next_head, now)
     len = redis.call('RPUSH', ids, unpack(ARGV, i, j))
   end
   chunk_advance(reserve, state, next_head, now, ARGV[#ARGV], #ARGV - 4)
+  return len
+end
+
+local function chunk_push_range(ids, reserve, state, next_head, now, first, last, count)
+  local batch, n, len = {}, 0, 0
+  for id = tonumber(first), tonumber(last) do
+    n = n + 1
+    batch[n] = string.format('%d', id)
+    if n == 1000 then
+      len = redis.call('RPUSH', ids, unpack(batch, 1, n))
+      n = 0
+    end
+  end
+  if n > 0 then len = redis.call('RPUSH', ids, unpack(batch, 1, n)) end
+  chunk_advance(reserve, state, next_head, now, last, count)
   return len
 end
