@@ -127,11 +127,19 @@ class RunPushes:
         return (self._push_range if name == "push_range" else self._push), argv
 
 
+def by_range(head: Range, count: int) -> bool:
+    """Whether the first ``count`` IDs of ``head`` go by a script that generates them in
+    Redis from the two ends (``push_range``, ``spill_range``: below 2^53, at most
+    :data:`RANGE_MAX_IDS`), not by one that is sent every ID (``push_ids``,
+    ``spill_reserve``)."""
+    return 0 < count <= RANGE_MAX_IDS and head.start + count - 1 < RANGE_LIMIT
+
+
 def push_script(token: bytes, head: Range, count: int, now_ms: int) -> tuple[str, list[Any]]:
     """The script that pushes the first ``count`` IDs of the reserve ``head`` ("push_range"
     below 2^53, else "push_ids"), and its ARGV (the keys are ids, reserve, state, lock)."""
     last = head.start + count - 1
     base: list[Any] = [token, head.encode(), head.after_taking(count), now_ms]
-    if 0 < count <= RANGE_MAX_IDS and last < RANGE_LIMIT:
+    if by_range(head, count):
         return "push_range", [*base, head.start, last]
     return "push_ids", [*base, *(str(i) for i in range(head.start, last + 1))]

@@ -22,7 +22,7 @@ from leafpool.redis import scripts
 from leafpool.redis.connect import redis_errors
 from leafpool.redis.pool import Pool
 from leafpool.redis.pool_common import Range
-from leafpool.redis.push_run import RANGE_LIMIT, RANGE_MAX_IDS
+from leafpool.redis.push_run import by_range
 from leafpool.redis.retries import safely
 
 #: reserve ranges read to plan one move (a range is a whole segment: one or two suffice)
@@ -90,7 +90,7 @@ class ReserveSpill:
             for head, n in chunks:
                 base = [head.encode(), head.after_taking(n), now_ms, bound]
                 last = head.start + n - 1
-                if n <= RANGE_MAX_IDS and last < RANGE_LIMIT:
+                if by_range(head, n):
                     self._range(keys=keys, args=[*base, head.start, last], client=pipe)
                 else:
                     ids = [str(i) for i in range(head.start, last + 1)]
